@@ -1,0 +1,108 @@
+"""The public entry point: `attention(q, k, v, causal=..., softmax_scale=..., return_lse=...)`."""
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+
+import torch
+
+from autoflash import codegen, gpu as gpus
+from autoflash.defaults import default_knobs
+from autoflash.gpu import Gpu
+from autoflash.knobs import FwdKnobs
+from autoflash.problem import DTYPES, Problem
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+
+
+def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
+    """Scaled dot-product attention, softmax(q kᵀ · softmax_scale) v, by a generated FlashAttention kernel.
+
+    Args:
+        q: (batch, heads_q, seqlen_q, head_dim), as in torch's scaled_dot_product_attention.
+        k, v: (batch, heads_kv, seqlen_k, head_dim); heads_q must be a multiple of heads_kv
+            (GQA/MQA: query head h reads KV head h // (heads_q // heads_kv); K/V are not repeated).
+            Any strides work as long as the last one is 1, so (batch, seqlen, heads, head_dim) tensors
+            can be passed as `.transpose(1, 2)` views without a copy. A tensor whose last stride is
+            not 1 is copied to a contiguous one first.
+            dtype float16, bfloat16 or float32 (all three the same); head_dim 16..256, any value.
+        causal: mask keys after the query, aligned bottom-right as in FlashAttention-2: query i sees
+            key j when j <= i + seqlen_k - seqlen_q. With seqlen_q > seqlen_k the first
+            seqlen_q - seqlen_k queries see no key: their output is 0 and their lse is -inf.
+        softmax_scale: scale of the scores; default 1 / sqrt(head_dim).
+        return_lse: also return the log-sum-exp of the scaled scores.
+
+    Returns:
+        out, shaped and laid out like q; with return_lse, (out, lse) where lse is float32
+        (batch, heads_q, seqlen_q), natural log.
+    """
+    q, k, v = _checked(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    scale = _scale(softmax_scale, q.shape[-1])
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        if torch.is_grad_enabled():
+            raise NotImplementedError("autoflash.attention has no backward pass yet: call it under "
+                                      "torch.no_grad() or pass tensors that do not require grad")
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+    if q.numel():
+        problem = Problem.from_tensors(q, k, causal)
+        knobs = _knobs_for(problem, gpus.current(q.device), _tma_aligned(q, k, v, out))
+        codegen.load(knobs).forward(q, k, v, out, lse, scale, causal)
+    return (out, lse) if return_lse else out
+
+
+@lru_cache(maxsize=4096)
+def _knobs_for(problem: Problem, gpu: Gpu, tma_aligned: bool) -> FwdKnobs:
+    knobs = default_knobs(problem, gpu)
+    if knobs.loads == "tma" and not tma_aligned:
+        knobs = replace(knobs, loads="pointer")
+    return knobs
+
+
+def _tma_aligned(*tensors) -> bool:
+    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+               for t in tensors)
+
+
+def _scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def _checked(q, k, v):
+    """Validate q, k, v and return them with unit last stride."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}; "
+                             "for (batch, seqlen, heads, head_dim) tensors pass t.transpose(1, 2)")
+        if t.dtype not in DTYPES.values():
+            raise TypeError(f"{name} has dtype {t.dtype}; autoflash supports float16, bfloat16 and float32")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}: cast them with .to()")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cpu" and not gpus.interpreting():
+        raise ValueError("q, k, v are on the CPU: move them to a CUDA GPU, or set TRITON_INTERPRET=1 "
+                         "to run the kernels in Triton's (slow) interpreter")
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if not q.shape[3] == k.shape[3] == v.shape[3]:
+        raise ValueError(f"head dims differ: q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]}")
+    if k.shape[1:3] != v.shape[1:3]:
+        raise ValueError(f"k and v must have the same heads and length, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"heads_q ({q.shape[1]}) must be a multiple of heads_kv ({k.shape[1]}) for GQA/MQA")
+    if k.shape[2] == 0:
+        raise ValueError("k and v hold no keys (seqlen_k = 0): attention needs at least one")
+    if not MIN_HEAD_DIM <= q.shape[3] <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {q.shape[3]} is outside the supported {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))

@@ -1,0 +1,56 @@
+"""Heuristic default variants per GPU: what runs where nothing is tuned.
+
+The table is searched most specific first; the first row whose GPU family, compute capability,
+dtype and head dim match gives the knobs, which `fit` then shrinks to the problem at hand.
+"""
+
+from dataclasses import replace
+
+import triton
+
+from autoflash.gpu import Gpu
+from autoflash.knobs import FwdKnobs, head_dim_pad, tma_violations, violations
+from autoflash.problem import Problem
+
+HALF = ("float16", "bfloat16")
+ANY = ("float16", "bfloat16", "float32")
+
+# (gpu family or "*", smallest compute capability, dtypes, largest padded head dim, knobs)
+_TABLE = [
+    # The interpreter runs numpy: large tiles mean fewer Python-level steps.
+    ("interpreter", (0, 0), ANY, 256, FwdKnobs(block_m=32, block_n=32, num_warps=4, num_stages=1)),
+    ("*", (9, 0), HALF, 128, FwdKnobs(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma")),
+    ("*", (9, 0), HALF, 256, FwdKnobs(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma")),
+    ("*", (8, 0), HALF, 128, FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=3)),
+    ("*", (0, 0), ANY, 256, FwdKnobs(block_m=64, block_n=32, num_warps=4, num_stages=2)),
+]
+
+
+def default_knobs(problem: Problem, gpu: Gpu) -> FwdKnobs:
+    d = head_dim_pad(problem.head_dim)
+    for family, capability, dtypes, max_head_dim, knobs in _TABLE:
+        if family in ("*", gpu.family) and gpu.capability >= capability and problem.dtype in dtypes \
+                and d <= max_head_dim:
+            return fit(knobs, problem, gpu)
+    raise LookupError(f"no default variant for {problem} on {gpu.name}")
+
+
+def fit(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs:
+    """Shrink `knobs` until it is valid for `problem`: tiles no larger than the sequences, TMA only
+    where it can run, then smaller tiles and fewer warps until registers and shared memory fit."""
+    knobs = replace(knobs, block_m=min(knobs.block_m, max(16, triton.next_power_of_2(problem.seqlen_q))),
+                    block_n=min(knobs.block_n, max(16, triton.next_power_of_2(problem.seqlen_k))))
+    if knobs.loads == "tma" and tma_violations(problem, gpu):
+        knobs = replace(knobs, loads="pointer")
+    while violations(knobs, problem, gpu):
+        if knobs.block_m * knobs.block_n < 128 * knobs.num_warps and knobs.num_warps > 2:
+            knobs = replace(knobs, num_warps=knobs.num_warps // 2)
+        elif knobs.num_stages > 1:
+            knobs = replace(knobs, num_stages=knobs.num_stages - 1)
+        elif knobs.block_n > 16:
+            knobs = replace(knobs, block_n=knobs.block_n // 2)
+        elif knobs.block_m > 16:
+            knobs = replace(knobs, block_m=knobs.block_m // 2)
+        else:
+            raise LookupError(f"no variant fits {problem} on {gpu.name}: {violations(knobs, problem, gpu)}")
+    return knobs

@@ -1,0 +1,58 @@
+"""The GPU a kernel runs on: its family name (the key results are filed under) and its limits."""
+
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+
+@dataclass(frozen=True)
+class Gpu:
+    family: str  # "h100", "a100", ..., or "interpreter"
+    name: str  # the device name as the driver reports it
+    capability: tuple[int, int]
+    multiprocessors: int
+    shared_memory_per_block: int  # bytes a program may use (opt-in maximum)
+    registers_per_multiprocessor: int
+
+    @property
+    def has_tma(self) -> bool:
+        """Tensor descriptors (TMA) run on Hopper and newer, and in Triton's interpreter."""
+        return self.family == "interpreter" or self.capability >= (9, 0)
+
+
+# Triton's interpreter runs kernels on the CPU with numpy: no hardware limit applies, but we keep
+# Hopper-like limits so that a variant valid here is valid on a real GPU too.
+INTERPRETER = Gpu("interpreter", "Triton interpreter (CPU)", (9, 0), 1, 232448, 65536)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def family_of(device_name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; unknown names become a lower-case slug."""
+    known = re.search(r"\b([ABHLV]\d{2,3}|GH200|GB200|B200|RTX ?\d{4})\b", device_name, re.IGNORECASE)
+    if known:
+        return known.group(1).replace(" ", "").lower()
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+
+
+@lru_cache(maxsize=None)
+def _cuda_gpu(index: int) -> Gpu:
+    props = torch.cuda.get_device_properties(index)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or 49152
+    return Gpu(family_of(props.name), props.name, (props.major, props.minor), props.multi_processor_count,
+               smem, getattr(props, "regs_per_multiprocessor", 65536))
+
+
+def current(device: torch.device | None = None) -> Gpu:
+    """The GPU that tensors on `device` run on (the interpreter for CPU tensors under TRITON_INTERPRET=1)."""
+    if device is not None and device.type == "cpu":
+        return INTERPRETER
+    if interpreting() or not torch.cuda.is_available():
+        return INTERPRETER
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    return _cuda_gpu(index)

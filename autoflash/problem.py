@@ -1,0 +1,54 @@
+"""One attention problem: the shape key that tuning, the database and dispatch share."""
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Shapes of q (batch, heads_q, seqlen_q, head_dim) and k, v (batch, heads_kv, seqlen_k, head_dim)."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool
+    dtype: str  # a key of DTYPES
+
+    @classmethod
+    def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, causal: bool) -> "Problem":
+        batch, heads_q, seqlen_q, head_dim = q.shape
+        return cls(batch, heads_q, k.shape[1], seqlen_q, k.shape[2], head_dim, bool(causal),
+                   str(q.dtype).removeprefix("torch."))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def element_size(self) -> int:
+        return self.torch_dtype.itemsize
+
+    def visible_pairs(self) -> int:
+        """(query, key) pairs that attend, per (batch, head): bottom-right causal or full."""
+        if not self.causal:
+            return self.seqlen_q * self.seqlen_k
+        offset = self.seqlen_k - self.seqlen_q  # row i sees keys j <= i + offset
+        return sum(max(0, min(self.seqlen_k, i + offset + 1)) for i in range(self.seqlen_q))
+
+    def fwd_flops(self) -> float:
+        """FlashAttention-paper count: 4·b·h·sq·sk·d for full attention, the visible half for causal.
+
+        The paper counts causal as half of full; we count the pairs that really attend,
+        which equals that for seqlen_q == seqlen_k up to the diagonal.
+        """
+        if not self.causal:
+            return 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+        if self.seqlen_q == self.seqlen_k:
+            return 2.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+        return 4.0 * self.batch * self.heads_q * self.visible_pairs() * self.head_dim

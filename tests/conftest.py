@@ -1,0 +1,24 @@
+"""Without a GPU, kernels run in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1)."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+if not HAS_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+# Rendered kernels of this test session go to a fresh folder, never the user's cache.
+os.environ.setdefault("AUTOFLASH_CACHE_DIR", tempfile.mkdtemp(prefix="autoflash-test-kernels-"))
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,45 @@
+"""Shared by the kernel tests: fresh random inputs, poisoned outputs, checks against the fp64 reference."""
+
+import math
+
+import torch
+
+from autoflash.reference import attention_reference
+
+# ‖out − ref‖ / ‖ref‖ bounds: fp16 rounding of P and the output ~1e-3, bf16 ~1e-2.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# lse is computed in fp32 from rounded inputs' exact scores; it is off by rounding of the scores only.
+LSE_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, device, transposed=False, seed=0):
+    """Fresh normal inputs; `transposed` builds (batch, seqlen, heads, dim) storage viewed as (b, h, s, d)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def one(heads, seqlen):
+        shape = (batch, seqlen, heads, head_dim) if transposed else (batch, heads, seqlen, head_dim)
+        t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype=dtype, device=device)
+        return t.transpose(1, 2) if transposed else t
+
+    return one(heads_q, seqlen_q), one(heads_kv, seqlen_k), one(heads_kv, seqlen_k)
+
+
+def poisoned_outputs(q):
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def assert_matches_reference(out, lse, q, k, v, causal, softmax_scale=None):
+    ref_out, ref_lse = attention_reference(q, k, v, causal, softmax_scale)
+    assert not torch.isnan(out).any(), "output has NaN (an element was not written, or the math broke)"
+    err = ((out.double() - ref_out).norm() / ref_out.norm().clamp(min=1e-30)).item()
+    assert err < TOLERANCE[q.dtype], f"output relative error {err:.2e} > {TOLERANCE[q.dtype]:.0e}"
+    if lse is None:
+        return
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite.cpu()), "lse is finite where the reference is not"
+    assert (lse.cpu()[~finite.cpu()] == -math.inf).all(), "rows that see no key must have lse -inf"
+    lse_err = ((lse.double() - ref_lse)[finite].abs().max() / ref_lse[finite].abs().max().clamp(min=1)).item() \
+        if finite.any() else 0.0
+    assert lse_err < LSE_TOLERANCE[q.dtype], f"lse error {lse_err:.2e} > {LSE_TOLERANCE[q.dtype]:.0e}"

@@ -1,0 +1,110 @@
+"""`autoflash.attention`: the default path, layouts, dtypes, and every bad input it must refuse."""
+
+import math
+
+import pytest
+import torch
+
+import autoflash
+from conftest import DEVICE
+from helpers import assert_matches_reference, make_qkv
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_variant(dtype, causal):
+    q, k, v = make_qkv(2, 4, 2, 123, 77, 80, dtype, DEVICE, seed=11)
+    out, lse = autoflash.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (2, 4, 123) and lse.dtype == torch.float32
+    assert_matches_reference(out, lse, q, k, v, causal)
+
+
+def test_transposed_views_keep_their_layout():
+    q, k, v = make_qkv(1, 4, 4, 33, 50, 64, torch.float16, DEVICE, transposed=True, seed=12)
+    out = autoflash.attention(q, k, v, softmax_scale=0.3)
+    assert out.stride() == q.stride(), "output should be laid out like q, (batch, seqlen, heads, dim)"
+    assert_matches_reference(out, None, q, k, v, False, 0.3)
+
+
+def test_non_unit_last_stride_is_copied():
+    q, k, v = make_qkv(1, 2, 2, 20, 20, 32, torch.float16, DEVICE, seed=13)
+    q_strided = torch.empty(*q.shape[:3], 64, dtype=q.dtype, device=q.device)[..., ::2]
+    q_strided.copy_(q)
+    assert q_strided.stride(-1) == 2
+    out = autoflash.attention(q_strided, k, v)
+    assert_matches_reference(out, None, q, k, v, False)
+
+
+def test_empty_query_gives_empty_output():
+    q, k, v = make_qkv(1, 2, 2, 0, 5, 32, torch.float16, DEVICE)
+    out, lse = autoflash.attention(q, k, v, return_lse=True)
+    assert out.shape == (1, 2, 0, 32) and lse.shape == (1, 2, 0)
+
+
+def test_requires_grad_is_refused_until_backward_exists():
+    q, k, v = make_qkv(1, 1, 1, 16, 16, 16, torch.float32, DEVICE)
+    with pytest.raises(NotImplementedError, match="no backward"):
+        autoflash.attention(q.requires_grad_(), k, v)
+    with torch.no_grad():
+        autoflash.attention(q, k, v)
+
+
+def _inputs(**changes):
+    shapes = dict(q=(1, 4, 16, 32), k=(1, 2, 16, 32), v=(1, 2, 16, 32))
+    shapes.update({name: value for name, value in changes.items() if name in shapes})
+    dtype = changes.get("dtype", torch.float16)
+    return [torch.randn(shape, device=DEVICE).to(dtype) for shape in shapes.values()]
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(q=(4, 16, 32)), ValueError, "must be 4-D"),
+    (dict(k=(1, 2, 16, 32, 1)), ValueError, "must be 4-D"),
+    (dict(k=(2, 2, 16, 32), v=(2, 2, 16, 32)), ValueError, "batch sizes differ"),
+    (dict(k=(1, 2, 16, 64), v=(1, 2, 16, 64)), ValueError, "head dims differ"),
+    (dict(v=(1, 2, 17, 32)), ValueError, "same heads and length"),
+    (dict(k=(1, 3, 16, 32), v=(1, 3, 16, 32)), ValueError, "multiple of heads_kv"),
+    (dict(q=(1, 4, 16, 8), k=(1, 2, 16, 8), v=(1, 2, 16, 8)), ValueError, "outside the supported 16..256"),
+    (dict(q=(1, 4, 16, 288), k=(1, 2, 16, 288), v=(1, 2, 16, 288)), ValueError, "outside the supported"),
+    (dict(k=(1, 2, 0, 32), v=(1, 2, 0, 32)), ValueError, "no keys"),
+    (dict(dtype=torch.float64), TypeError, "supports float16, bfloat16 and float32"),
+])
+def test_bad_shapes_and_dtypes(changes, error, message):
+    with pytest.raises(error, match=message):
+        autoflash.attention(*_inputs(**changes))
+
+
+def test_mixed_dtypes():
+    q, k, v = _inputs()
+    with pytest.raises(TypeError, match="share one dtype"):
+        autoflash.attention(q, k.float(), v)
+
+
+def test_not_a_tensor():
+    q, k, v = _inputs()
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        autoflash.attention(q, k.tolist(), v)
+
+
+def test_mixed_devices():
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match="one device"):
+        autoflash.attention(q, k.to("meta"), v)
+
+
+@pytest.mark.parametrize("scale, error", [(math.inf, ValueError), (math.nan, ValueError), ("0.1", TypeError),
+                                          (torch.tensor(0.1), TypeError)])
+def test_bad_softmax_scale(scale, error):
+    with pytest.raises(error, match="softmax_scale"):
+        autoflash.attention(*_inputs(), softmax_scale=scale)
+
+
+def test_bad_causal():
+    with pytest.raises(TypeError, match="causal"):
+        autoflash.attention(*_inputs(), causal="yes")
+
+
+def test_cpu_tensors_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = (t.cpu() for t in _inputs())
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        autoflash.attention(q, k, v)

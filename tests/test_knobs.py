@@ -1,0 +1,56 @@
+"""The knob declaration and the validity function."""
+
+import dataclasses
+
+import pytest
+
+from autoflash.gpu import INTERPRETER, Gpu
+from autoflash.knobs import FwdKnobs, InvalidKnobs, check, violations
+from autoflash.problem import Problem
+
+PROBLEM = Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=4096, seqlen_k=4096, head_dim=128, causal=False,
+                  dtype="float16")
+A100 = Gpu("a100", "NVIDIA A100", (8, 0), 108, 166912, 65536)
+H100 = Gpu("h100", "NVIDIA H100", (9, 0), 132, 232448, 65536)
+
+
+def test_every_knob_declares_choices_and_doc():
+    space = FwdKnobs.search_space()
+    assert set(space) == {f.name for f in dataclasses.fields(FwdKnobs)}
+    for name, choices in space.items():
+        assert getattr(FwdKnobs(), name) in choices
+        assert FwdKnobs.docs()[name]
+
+
+def test_json_round_trip_and_template_context():
+    knobs = FwdKnobs(loop_order="fa1", block_m=32, exp="exp", causal_split=False)
+    assert FwdKnobs.from_json(knobs.to_json()) == knobs
+    assert knobs.template_context()["BLOCK_M"] == 32 and knobs.template_context()["CAUSAL_SPLIT"] is False
+
+
+def test_values_outside_the_choices_are_refused():
+    with pytest.raises(ValueError, match="block_m=48"):
+        FwdKnobs(block_m=48)
+    with pytest.raises(ValueError, match="unknown knobs"):
+        FwdKnobs.from_json('{"block_m": 64, "swizzle": 2}')
+
+
+@pytest.mark.parametrize("knobs, gpu, problem, reason", [
+    (FwdKnobs(loop_order="fa1", loads="tma"), H100, PROBLEM, "pointers only"),
+    (FwdKnobs(loads="tma"), A100, PROBLEM, "compute capability 9.0"),
+    (FwdKnobs(loads="tma"), H100, dataclasses.replace(PROBLEM, head_dim=36), "16-byte rows"),
+    (FwdKnobs(block_m=16, block_n=16, num_warps=8), H100, PROBLEM, "too small for 8 warps"),
+    (FwdKnobs(block_m=128), H100, dataclasses.replace(PROBLEM, seqlen_q=7), "exceeds seqlen_q"),
+    (FwdKnobs(block_n=256, num_stages=5), H100, PROBLEM, "shared memory"),
+    (FwdKnobs(block_m=256, block_n=128, num_warps=4), H100, PROBLEM, "registers"),
+])
+def test_violations(knobs, gpu, problem, reason):
+    assert any(reason in why for why in violations(knobs, problem, gpu))
+    with pytest.raises(InvalidKnobs):
+        check(knobs, problem, gpu)
+
+
+def test_good_variants_pass():
+    assert violations(FwdKnobs(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma"), PROBLEM, H100) == []
+    assert violations(FwdKnobs(block_m=16, block_n=16, num_warps=2), dataclasses.replace(PROBLEM, seqlen_q=1),
+                      INTERPRETER) == []
