@@ -15,19 +15,24 @@ from autoflash.gpu import Gpu
 from autoflash.problem import Problem
 
 
-def knob(default, choices, doc):
-    return field(default=default, metadata={"choices": tuple(choices), "doc": doc})
+def knob(default, choices, doc, searched=None):
+    """A knob: its default, every valid value, a line of doc, and the values the tuner searches
+    (all of them unless given)."""
+    return field(default=default, metadata={"choices": tuple(choices), "doc": doc,
+                                            "searched": tuple(choices if searched is None else searched)})
 
 
 @dataclass(frozen=True)
 class FwdKnobs:
     loop_order: str = knob("fa2", ("fa2", "fa1"),
                            "fa2: Q tile outer, K/V inner, normalise once at the end (FA2 Alg. 1); "
-                           "fa1: K/V outer, Q inner, O/l/m rescaled and written back every step (FA1 Alg. 1)")
+                           "fa1: K/V outer, Q inner, O/l/m rescaled and written back every step (FA1 Alg. 1), "
+                           "one program per (batch, head): a baseline, never searched",
+                           searched=("fa2",))
     block_m: int = knob(128, (16, 32, 64, 128, 256), "query rows per tile")
     block_n: int = knob(64, (16, 32, 64, 128, 256), "key rows per tile")
     num_warps: int = knob(4, (2, 4, 8), "warps per program")
-    num_stages: int = knob(2, (1, 2, 3, 4, 5), "software-pipelining depth of the key loop")
+    num_stages: int = knob(2, (1, 2, 3, 4, 5), "software-pipelining depth of the key loop", searched=(2, 3, 4))
     exp: str = knob("exp2", ("exp2", "exp"), "exp2 with log2(e) folded into the scale, or exp")
     causal_split: bool = knob(True, (True, False),
                               "an unmasked loop over the key blocks every row sees whole, then a masked "
@@ -57,9 +62,18 @@ class FwdKnobs:
             raise ValueError(f"unknown knobs {sorted(unknown)}: this record comes from another autoflash version")
         return cls(**data)
 
+    def as_point(self) -> dict:
+        """The knobs as a point of `search_space`."""
+        return asdict(self)
+
     @classmethod
     def search_space(cls) -> dict[str, tuple]:
-        """Each knob's name and choices, in declaration order."""
+        """Each knob's name and the values the tuner searches, in declaration order."""
+        return {f.name: f.metadata["searched"] for f in fields(cls)}
+
+    @classmethod
+    def choices(cls) -> dict[str, tuple]:
+        """Each knob's name and every valid value."""
         return {f.name: f.metadata["choices"] for f in fields(cls)}
 
     @classmethod
@@ -118,6 +132,21 @@ def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     regs = accumulator_registers(knobs, problem)
     if regs > MAX_ACCUMULATOR_REGISTERS:
         why.append(f"needs ~{regs} accumulator registers per thread (limit {MAX_ACCUMULATOR_REGISTERS})")
+    return why
+
+
+def not_worth_timing(knobs: FwdKnobs, problem: Problem) -> list[str]:
+    """Valid variants the tuner skips because they cannot win: tiles far smaller than the problem
+    leave the tensor cores idle (Hopper's wgmma works on 64 rows a warpgroup), and warps that
+    share fewer than 16 query rows each duplicate work."""
+    why = []
+    rows, keys = triton.next_power_of_2(problem.seqlen_q), triton.next_power_of_2(problem.seqlen_k)
+    if knobs.block_m < min(64, rows):
+        why.append(f"block_m {knobs.block_m} is far below seqlen_q {problem.seqlen_q}")
+    if knobs.block_n < min(32, keys):
+        why.append(f"block_n {knobs.block_n} is far below seqlen_k {problem.seqlen_k}")
+    if rows >= 16 * knobs.num_warps > knobs.block_m:
+        why.append(f"{knobs.num_warps} warps share {knobs.block_m} query rows")
     return why
 
 

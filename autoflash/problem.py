@@ -26,6 +26,18 @@ class Problem:
         return cls(batch, heads_q, k.shape[1], seqlen_q, k.shape[2], head_dim, bool(causal),
                    str(q.dtype).removeprefix("torch."))
 
+    def key(self) -> str:
+        """A stable name, e.g. 'b4-hq32-hkv8-sq2048-sk2048-d128-causal-bfloat16'."""
+        return (f"b{self.batch}-hq{self.heads_q}-hkv{self.heads_kv}-sq{self.seqlen_q}-sk{self.seqlen_k}"
+                f"-d{self.head_dim}-{'causal' if self.causal else 'full'}-{self.dtype}")
+
+    def label(self) -> str:
+        """Short form for tables: 'b4 h32/8 s2048 d128 causal bf16'."""
+        heads = f"{self.heads_q}" if self.heads_q == self.heads_kv else f"{self.heads_q}/{self.heads_kv}"
+        lengths = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}/{self.seqlen_k}"
+        dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[self.dtype]
+        return f"b{self.batch} h{heads} s{lengths} d{self.head_dim}{' causal' if self.causal else ''} {dtype}"
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]

@@ -9,7 +9,7 @@ from autoflash.knobs import FwdKnobs
 
 
 def all_knobs():
-    space = FwdKnobs.search_space()
+    space = FwdKnobs.choices()
     for values in itertools.product(*space.values()):
         yield FwdKnobs(**dict(zip(space, values)))
 

@@ -15,11 +15,12 @@ H100 = Gpu("h100", "NVIDIA H100", (9, 0), 132, 232448, 65536)
 
 
 def test_every_knob_declares_choices_and_doc():
-    space = FwdKnobs.search_space()
-    assert set(space) == {f.name for f in dataclasses.fields(FwdKnobs)}
-    for name, choices in space.items():
-        assert getattr(FwdKnobs(), name) in choices
+    space, choices = FwdKnobs.search_space(), FwdKnobs.choices()
+    assert set(space) == set(choices) == {f.name for f in dataclasses.fields(FwdKnobs)}
+    for name in choices:
+        assert getattr(FwdKnobs(), name) in space[name] and set(space[name]) <= set(choices[name])
         assert FwdKnobs.docs()[name]
+    assert space["loop_order"] == ("fa2",), "fa1 is a baseline: selectable, never searched"
 
 
 def test_json_round_trip_and_template_context():
@@ -54,3 +55,12 @@ def test_good_variants_pass():
     assert violations(FwdKnobs(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma"), PROBLEM, H100) == []
     assert violations(FwdKnobs(block_m=16, block_n=16, num_warps=2), dataclasses.replace(PROBLEM, seqlen_q=1),
                       INTERPRETER) == []
+
+
+def test_tuner_skips_tiles_far_below_the_problem():
+    from autoflash.knobs import not_worth_timing
+    assert not_worth_timing(FwdKnobs(block_m=32, block_n=64, num_warps=2), PROBLEM)
+    assert not_worth_timing(FwdKnobs(block_m=64, block_n=64, num_warps=8), PROBLEM)
+    assert not not_worth_timing(FwdKnobs(block_m=128, block_n=64, num_warps=8), PROBLEM)
+    decode = dataclasses.replace(PROBLEM, seqlen_q=1)
+    assert not not_worth_timing(FwdKnobs(block_m=16, block_n=64, num_warps=4), decode)

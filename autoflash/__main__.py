@@ -1,0 +1,3 @@
+from autoflash.cli import main
+
+main()

@@ -1,0 +1,14 @@
+"""The `autoflash` command: a click group, one module a command (each only parses and calls the library)."""
+
+import click
+
+from autoflash.cli.tune import tune
+
+
+@click.group()
+@click.version_option(package_name="autoflash")
+def main():
+    """Generate, tune and dispatch FlashAttention kernels written in Triton."""
+
+
+main.add_command(tune)

@@ -1,0 +1,72 @@
+"""autoflash tune: search the variant space for each problem of a problems file."""
+
+import os
+import sys
+
+import click
+
+from autoflash.tune.search import SAMPLERS
+
+
+@click.command()
+@click.option("--shapes", "shapes_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="problems file (YAML; see examples/shapes.yaml)")
+@click.option("--gpu", "gpu_name", help="GPU family to file results under (h100, a100, ...); default: the GPU here")
+@click.option("--trials", type=click.IntRange(min=1),
+              help="evaluated variants per problem, earlier runs included [default: 60; grid: all]")
+@click.option("--time-budget", type=click.FloatRange(min=0), help="seconds per problem, at most")
+@click.option("--db", "db_url", help="SQLAlchemy URL [default: $AUTOFLASH_DB or SQLite in ~/.local/share/autoflash]")
+@click.option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True)
+@click.option("--seed", type=int, help="sampler seed, for repeatable searches")
+@click.option("--trial-timeout", type=click.FloatRange(min=1), default=180, show_default=True,
+              help="seconds one variant may take to compile, check and time")
+@click.option("--workers", type=click.IntRange(min=0), help="compile processes [default: cores - 1; 0 when interpreting]")
+@click.option("--interpret", is_flag=True,
+              help="run on the CPU in Triton's interpreter; results filed under GPU 'interpreter' (timings meaningless)")
+def tune(shapes_file, gpu_name, trials, time_budget, db_url, sampler, seed, trial_timeout, workers, interpret):
+    """Tune forward kernels for every problem in SHAPES and record every trial."""
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
+    from autoflash import gpu as gpus
+    from autoflash.db.store import SchemaMismatch, Store
+    from autoflash.shapes import ShapesError, load_problems
+    from autoflash.tune.tuner import tune_problem
+
+    try:
+        problems = load_problems(shapes_file)
+        store = Store(db_url)
+    except (ShapesError, SchemaMismatch) as e:
+        raise click.ClickException(str(e)) from e
+    here = gpus.current()
+    if here.family == "interpreter" and not interpret:
+        raise click.ClickException("no CUDA GPU here: pass --interpret to tune in Triton's interpreter")
+    if gpu_name is not None and gpu_name.lower() != here.family:
+        raise click.ClickException(f"--gpu {gpu_name} does not match the GPU here ({here.name}, family "
+                                   f"'{here.family}'): results are filed under the GPU that measured them")
+    click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
+    reports = []
+    try:
+        for problem in problems:
+            target = trials or (10 ** 9 if sampler == "grid" else 60)
+            with click.progressbar(length=min(target, 10 ** 4), label=problem.label(), file=sys.stderr) as bar:
+                reports.append(tune_problem(
+                    problem, gpu=here, store=store, sampler=sampler, n_trials=target, time_budget=time_budget,
+                    seed=seed, interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout,
+                    on_trial=lambda knobs, ms: bar.update(1)))
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: every finished trial is saved in {store.url}; run the same command to resume",
+                   err=True)
+        sys.exit(130)
+    finally:
+        if reports:
+            click.echo(format_reports(reports))
+
+
+def format_reports(reports) -> str:
+    lines = [f"{'problem':<36} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8} {'vs SDPA':>7} {'wall s':>7}  best"]
+    for r in reports:
+        ms = f"{r.best_ms:9.4f} {r.tflops:8.1f}" if r.best_ms else f"{'-':>9} {'-':>8}"
+        speedup = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7}"
+        best = r.best.to_json() if r.best else "(no variant passed)"
+        lines.append(f"{r.problem.label():<36} {r.trials:>6} {r.failures:>6} {ms} {speedup} {r.wall_s:7.1f}  {best}")
+    return "\n".join(lines)

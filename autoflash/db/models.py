@@ -1,0 +1,90 @@
+"""SQLAlchemy 2 models: one model a table. Table names start with `autoflash_` so that Optuna's
+own tables (`studies`, `trials`, ...) can live in the same database."""
+
+from datetime import datetime
+
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Bump on any change of the tables below; store.open_store refuses a database of another version.
+SCHEMA_VERSION = 1
+
+# Trial outcomes. Only "ok" trials are ever chosen.
+STATUSES = ("ok", "compile_error", "out_of_resources", "timeout", "crashed", "wrong_result")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaVersion(Base):
+    __tablename__ = "autoflash_schema"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class GpuRow(Base):
+    __tablename__ = "autoflash_gpus"
+    __table_args__ = (UniqueConstraint("family", "name", "capability"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    family: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    capability: Mapped[str] = mapped_column(String(16))  # "9.0"
+    multiprocessors: Mapped[int] = mapped_column(Integer)
+
+
+class ProblemRow(Base):
+    __tablename__ = "autoflash_problems"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), unique=True)
+    batch: Mapped[int] = mapped_column(Integer)
+    heads_q: Mapped[int] = mapped_column(Integer)
+    heads_kv: Mapped[int] = mapped_column(Integer)
+    seqlen_q: Mapped[int] = mapped_column(Integer)
+    seqlen_k: Mapped[int] = mapped_column(Integer)
+    head_dim: Mapped[int] = mapped_column(Integer)
+    causal: Mapped[bool] = mapped_column(Boolean)
+    dtype: Mapped[str] = mapped_column(String(16))
+
+
+class VariantRow(Base):
+    __tablename__ = "autoflash_variants"
+    __table_args__ = (UniqueConstraint("direction", "knobs", "fingerprint"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    direction: Mapped[str] = mapped_column(String(8))  # "fwd"
+    knobs: Mapped[str] = mapped_column(Text)  # FwdKnobs.to_json()
+    fingerprint: Mapped[str] = mapped_column(String(32), index=True)  # codegen.template_fingerprint()
+
+
+class TrialRow(Base):
+    __tablename__ = "autoflash_trials"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("autoflash_gpus.id"), index=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("autoflash_problems.id"), index=True)
+    variant_id: Mapped[int] = mapped_column(ForeignKey("autoflash_variants.id"), index=True)
+    status: Mapped[str] = mapped_column(String(24))  # one of STATUSES
+    median_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    triton_version: Mapped[str] = mapped_column(String(32))
+    torch_version: Mapped[str] = mapped_column(String(32))
+    autoflash_version: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    gpu: Mapped[GpuRow] = relationship()
+    problem: Mapped[ProblemRow] = relationship()
+    variant: Mapped[VariantRow] = relationship()
+
+
+class BaselineRow(Base):
+    """A reference implementation (torch SDPA) timed on the same GPU and problem, for speedups."""
+    __tablename__ = "autoflash_baselines"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("autoflash_gpus.id"), index=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("autoflash_problems.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(32))  # "sdpa"
+    median_ms: Mapped[float] = mapped_column(Float)
+    torch_version: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    gpu: Mapped[GpuRow] = relationship()
+    problem: Mapped[ProblemRow] = relationship()

@@ -1,0 +1,196 @@
+"""The tuning database: the only module that speaks SQL.
+
+`Store(url)` opens (and creates) a database: SQLite at a per-user path by default, or any
+SQLAlchemy URL such as postgresql://user@host/db, so that many tuning machines share one.
+SQLite serialises writers: several processes on one file work (WAL, a long busy timeout), but
+over a network file system, or with many tuning machines, use PostgreSQL.
+"""
+
+import os
+import platform
+import socket
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import triton
+from sqlalchemy import create_engine, event, func, inspect, select
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+import autoflash
+from autoflash.db.models import (SCHEMA_VERSION, STATUSES, Base, BaselineRow, GpuRow, ProblemRow, SchemaVersion,
+                                 TrialRow, VariantRow)
+from autoflash.gpu import Gpu
+from autoflash.problem import Problem
+
+DB_ENV = "AUTOFLASH_DB"
+
+
+def default_url() -> str:
+    """$AUTOFLASH_DB, else SQLite at $XDG_DATA_HOME/autoflash/tuning.db (~/.local/share/...)."""
+    if os.environ.get(DB_ENV):
+        return os.environ[DB_ENV]
+    root = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "autoflash"
+    return f"sqlite:///{root / 'tuning.db'}"
+
+
+class SchemaMismatch(RuntimeError):
+    pass
+
+
+def make_engine(url: str):
+    """An engine; SQLite gets WAL and a long busy timeout so that concurrent tuners wait, not fail."""
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    path = url.split("///", 1)[-1]
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 120})
+
+    @event.listens_for(engine, "connect")
+    def _wal(connection, _record):
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA busy_timeout=120000")
+    return engine
+
+
+class Store:
+    def __init__(self, url: str | None = None):
+        self.url = url or default_url()
+        self.engine = make_engine(self.url)
+        self._ensure_schema()
+
+    def _ensure_schema(self):
+        tables = set(inspect(self.engine).get_table_names())
+        ours = {t.name for t in Base.metadata.sorted_tables}
+        if tables & ours:
+            with Session(self.engine) as s:
+                versions = s.scalars(select(SchemaVersion.version)).all() if SchemaVersion.__tablename__ in tables \
+                    else []
+            if versions != [SCHEMA_VERSION]:
+                found = ", ".join(map(str, versions)) or "unknown"
+                raise SchemaMismatch(
+                    f"the database {self.url} holds autoflash schema version {found}, this autoflash "
+                    f"(version {autoflash.__version__}) uses {SCHEMA_VERSION}: install the autoflash that wrote it, "
+                    f"or point --db / ${DB_ENV} at a new database and tune again")
+            Base.metadata.create_all(self.engine)  # tables added in this version, if any
+            return
+        Base.metadata.create_all(self.engine)
+        with Session(self.engine) as s:
+            try:
+                s.add(SchemaVersion(version=SCHEMA_VERSION))
+                s.commit()
+            except IntegrityError:  # another process created it first
+                s.rollback()
+
+    def optuna_storage(self):
+        """Optuna's own tables in the same database, so that many processes share each study."""
+        import optuna  # the tuning extra: only tuning needs it
+
+        kwargs = {"connect_args": {"timeout": 120}} if self.url.startswith("sqlite") else {"pool_pre_ping": True}
+        for attempt in range(5):
+            try:
+                return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
+            except (IntegrityError, OperationalError):
+                # Two processes creating Optuna's tables at once: the loser finds them made.
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+
+    # -- rows that identify a trial --------------------------------------------------------------
+    def _get_or_create(self, s: Session, model, unique: dict, extra: dict | None = None):
+        row = s.scalars(select(model).filter_by(**unique)).first()
+        if row is not None:
+            return row
+        try:
+            with s.begin_nested():
+                row = model(**unique, **(extra or {}))
+                s.add(row)
+            return row
+        except IntegrityError:  # a concurrent writer inserted the same row
+            return s.scalars(select(model).filter_by(**unique)).one()
+
+    def _gpu(self, s, gpu: Gpu) -> GpuRow:
+        return self._get_or_create(s, GpuRow, dict(family=gpu.family, name=gpu.name,
+                                                   capability=f"{gpu.capability[0]}.{gpu.capability[1]}"),
+                                   dict(multiprocessors=gpu.multiprocessors))
+
+    def _problem(self, s, p: Problem) -> ProblemRow:
+        return self._get_or_create(s, ProblemRow, dict(key=p.key()), dict(p.__dict__))
+
+    def _variant(self, s, knobs_json: str, fingerprint: str, direction: str) -> VariantRow:
+        return self._get_or_create(s, VariantRow, dict(direction=direction, knobs=knobs_json, fingerprint=fingerprint))
+
+    # -- writing -----------------------------------------------------------------------------------
+    def record_trial(self, gpu: Gpu, problem: Problem, knobs_json: str, fingerprint: str, status: str,
+                     median_ms: float | None = None, error: str | None = None, direction: str = "fwd") -> None:
+        """One finished trial, committed at once: a crash later loses nothing recorded before it."""
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} is not one of {STATUSES}")
+        with Session(self.engine) as s:
+            row = TrialRow(gpu=self._gpu(s, gpu), problem=self._problem(s, problem),
+                           variant=self._variant(s, knobs_json, fingerprint, direction), status=status,
+                           median_ms=median_ms, tflops=problem.fwd_flops() / median_ms * 1e-9 if median_ms else None,
+                           error=error, triton_version=triton.__version__, torch_version=torch.__version__,
+                           autoflash_version=autoflash.__version__, host=_host(), created_at=_now())
+            s.add(row)
+            s.commit()
+
+    def record_baseline(self, gpu: Gpu, problem: Problem, backend: str, median_ms: float) -> None:
+        with Session(self.engine) as s:
+            s.add(BaselineRow(gpu=self._gpu(s, gpu), problem=self._problem(s, problem), backend=backend,
+                              median_ms=median_ms, torch_version=torch.__version__, host=_host(),
+                              created_at=_now()))
+            s.commit()
+
+    # -- reading -----------------------------------------------------------------------------------
+    def _trials(self, family: str, fingerprint: str, direction: str):
+        return (select(TrialRow, VariantRow, ProblemRow)
+                .join(TrialRow.variant).join(TrialRow.problem).join(TrialRow.gpu)
+                .where(GpuRow.family == family, VariantRow.fingerprint == fingerprint,
+                       VariantRow.direction == direction))
+
+    def finished(self, family: str, problem: Problem, fingerprint: str, direction: str = "fwd") -> dict[str, TrialRow]:
+        """Trials of `problem` already run with these templates: knobs JSON -> its latest trial."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            rows = s.execute(self._trials(family, fingerprint, direction)
+                             .where(ProblemRow.key == problem.key()).order_by(TrialRow.id)).all()
+            return {variant.knobs: trial for trial, variant, _ in rows}
+
+    def best(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, str, TrialRow]]:
+        """Per tuned problem: (problem, knobs JSON of its fastest ok trial, that trial)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            rows = s.execute(self._trials(family, fingerprint, direction).where(TrialRow.status == "ok")
+                             .order_by(TrialRow.median_ms)).all()
+        best = {}
+        for trial, variant, problem_row in rows:
+            best.setdefault(problem_row.key, (_problem_of(problem_row), variant.knobs, trial))
+        return list(best.values())
+
+    def baseline(self, family: str, problem: Problem, backend: str) -> float | None:
+        """The latest time of `backend` on `problem` on this GPU family."""
+        with Session(self.engine) as s:
+            return s.scalars(select(BaselineRow.median_ms).join(ProblemRow).join(GpuRow)
+                             .where(GpuRow.family == family, ProblemRow.key == problem.key(),
+                                    BaselineRow.backend == backend)
+                             .order_by(BaselineRow.id.desc())).first()
+
+    def count_trials(self, status: str | None = None) -> int:
+        with Session(self.engine) as s:
+            query = select(func.count(TrialRow.id))
+            return s.scalar(query if status is None else query.where(TrialRow.status == status))
+
+
+def _problem_of(row: ProblemRow) -> Problem:
+    return Problem(row.batch, row.heads_q, row.heads_kv, row.seqlen_q, row.seqlen_k, row.head_dim, row.causal,
+                   row.dtype)
+
+
+def _host() -> str:
+    return socket.gethostname() or platform.node()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)

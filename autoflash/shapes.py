@@ -1,0 +1,72 @@
+"""Problems files: the YAML that names the shapes to tune, bench or export.
+
+    problems:
+      - {batch: 4, heads_q: 32, heads_kv: 8, seqlen_q: 2048, head_dim: 128, causal: true, dtype: bfloat16}
+      - {batch: 1, heads_q: 16, seqlen_q: [1024, 4096], seqlen_k: 4096, head_dim: 64, causal: [false, true]}
+
+heads_kv defaults to heads_q, seqlen_k to seqlen_q, causal to false, dtype to float16. A field given
+as a list expands to a grid: the entry above stands for every combination of its lists.
+"""
+
+import itertools
+from pathlib import Path
+
+import yaml
+
+from autoflash.problem import DTYPES, Problem
+
+REQUIRED = ("batch", "heads_q", "seqlen_q", "head_dim")
+OPTIONAL = {"heads_kv": None, "seqlen_k": None, "causal": False, "dtype": "float16"}
+
+
+class ShapesError(ValueError):
+    pass
+
+
+def load_problems(path: str | Path) -> list[Problem]:
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ShapesError(f"cannot read problems file {path}: {e}") from e
+    if not isinstance(document, dict) or not isinstance(document.get("problems"), list):
+        raise ShapesError(f"{path}: expected a mapping with a list under 'problems' (see autoflash.shapes)")
+    problems = []
+    for index, entry in enumerate(document["problems"]):
+        problems += expand(entry, f"{path}: problems[{index}]")
+    return list(dict.fromkeys(problems))  # grids may overlap: keep the first of each
+
+
+def expand(entry, where: str) -> list[Problem]:
+    if not isinstance(entry, dict):
+        raise ShapesError(f"{where}: expected a mapping of fields, got {entry!r}")
+    unknown = set(entry) - set(REQUIRED) - set(OPTIONAL)
+    if unknown:
+        raise ShapesError(f"{where}: unknown field(s) {sorted(unknown)}; fields are {list(REQUIRED) + list(OPTIONAL)}")
+    missing = [name for name in REQUIRED if name not in entry]
+    if missing:
+        raise ShapesError(f"{where}: missing field(s) {missing}")
+    fields = {name: entry.get(name, OPTIONAL.get(name)) for name in (*REQUIRED, *OPTIONAL)}
+    grid = {name: value if isinstance(value, list) else [value] for name, value in fields.items()}
+    problems = []
+    for values in itertools.product(*grid.values()):
+        one = dict(zip(grid, values))
+        one["heads_kv"] = one["heads_q"] if one["heads_kv"] is None else one["heads_kv"]
+        one["seqlen_k"] = one["seqlen_q"] if one["seqlen_k"] is None else one["seqlen_k"]
+        _check(one, where)
+        problems.append(Problem(**one))
+    return problems
+
+
+def _check(one: dict, where: str) -> None:
+    for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
+        value = one[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ShapesError(f"{where}: field '{name}' must be a positive integer, got {value!r}")
+    if not 16 <= one["head_dim"] <= 256:
+        raise ShapesError(f"{where}: field 'head_dim' must be 16..256, got {one['head_dim']}")
+    if one["heads_q"] % one["heads_kv"]:
+        raise ShapesError(f"{where}: field 'heads_kv' ({one['heads_kv']}) must divide heads_q ({one['heads_q']})")
+    if not isinstance(one["causal"], bool):
+        raise ShapesError(f"{where}: field 'causal' must be true or false, got {one['causal']!r}")
+    if one["dtype"] not in DTYPES:
+        raise ShapesError(f"{where}: field 'dtype' must be one of {list(DTYPES)}, got {one['dtype']!r}")

@@ -1,0 +1,167 @@
+"""Run trials in worker processes, so that no variant can take the tuner down with it.
+
+Compile workers (one per core, GPU only) render, compile and run each variant once, ahead of
+measurement and in parallel: Triton compilation is CPU-bound. One measuring worker then checks
+and times the variants that compiled, one at a time. A worker that dies (an illegal memory
+access) or outlives the per-trial timeout is killed and replaced, and its variant is recorded as
+crashed or timeout; the run goes on.
+"""
+
+import multiprocessing
+import os
+import time
+from multiprocessing.connection import wait
+
+import torch
+
+from autoflash.knobs import FwdKnobs
+from autoflash.problem import Problem
+from autoflash.tune.trial import Bench, Outcome
+
+DEFAULT_LOADER = "autoflash.codegen:load"
+_STARTUP_TIMEOUT = 600.0  # importing torch and building a problem's inputs and reference
+
+
+def _serve(conn, role: str, problem: Problem, loader: str, interpret: bool):
+    """Worker main loop: build the problem once, then answer one request at a time."""
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    device = torch.device("cuda" if torch.cuda.is_available() and not interpret else "cpu")
+    bench = Bench(problem, device, loader, measure=role == "measure")
+    conn.send("ready")
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        if request == "sdpa":
+            try:
+                conn.send(bench.sdpa_ms())
+            except Exception as e:
+                conn.send(f"{type(e).__name__}: {e}")
+            continue
+        knobs = FwdKnobs.from_json(request)
+        outcome = bench.compile(knobs) if role == "compile" else bench.measure(knobs)
+        conn.send(outcome)
+        if outcome.fatal:
+            return
+
+
+class _Worker:
+    def __init__(self, role: str, args: tuple):
+        self.role, self.args = role, args
+        self.job: FwdKnobs | None = None
+        self.deadline = 0.0
+        self._start()
+
+    def _start(self):
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, self.role, *self.args), daemon=True)
+        self.process.start()
+        child.close()
+        self.ready = False
+
+    def wait_ready(self):
+        if self.ready:
+            return
+        if not self.conn.poll(_STARTUP_TIMEOUT) or self.conn.recv() != "ready":
+            raise RuntimeError(f"a {self.role} worker failed to start")
+        self.ready = True
+
+    def send(self, request, timeout: float):
+        self.wait_ready()
+        self.conn.send(request)
+        self.deadline = time.monotonic() + timeout
+
+    def restart(self):
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+        self._start()
+
+    def close(self):
+        try:
+            self.conn.send(None)
+        except (OSError, EOFError):
+            pass
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+class Runner:
+    """Compile, check and time variants of one problem; `run` returns one Outcome per variant."""
+
+    def __init__(self, problem: Problem, *, interpret: bool, compile_workers: int | None = None,
+                 trial_timeout: float = 180.0, loader: str = DEFAULT_LOADER):
+        self.problem, self.timeout = problem, trial_timeout
+        args = (problem, loader, interpret)
+        if compile_workers is None:
+            compile_workers = 0 if interpret else max(1, (os.cpu_count() or 2) - 1)
+        self.compilers = [_Worker("compile", args) for _ in range(compile_workers)]
+        self.measurer = _Worker("measure", args)
+        for worker in (*self.compilers, self.measurer):
+            worker.wait_ready()
+
+    def run(self, variants: list[FwdKnobs], on_outcome=lambda knobs, outcome: None) -> list[Outcome]:
+        """One outcome per variant; `on_outcome` hears each final one as soon as it is known."""
+        def compiled(knobs, outcome):
+            if outcome.status != "ok":
+                on_outcome(knobs, outcome)
+        outcomes = self._map(self.compilers, variants, compiled) if self.compilers else {}
+        to_measure = [k for k in variants if outcomes.get(k, Outcome("ok")).status == "ok"]
+        outcomes.update(self._map([self.measurer], to_measure, on_outcome))
+        return [outcomes[k] for k in variants]
+
+    def sdpa_ms(self) -> float | None:
+        """torch SDPA on this problem, timed by the measuring worker; None where it cannot run."""
+        self.measurer.send("sdpa", self.timeout)
+        if not self.measurer.conn.poll(self.timeout):
+            self.measurer.restart()
+            return None
+        answer = self.measurer.conn.recv()
+        return answer if isinstance(answer, float) else None
+
+    def _map(self, workers: list[_Worker], variants: list[FwdKnobs], on_outcome) -> dict[FwdKnobs, Outcome]:
+        """Hand variants to idle workers; collect outcomes as they come; replace dead or hung workers."""
+        pending, outcomes = list(variants), {}
+        busy: dict[object, _Worker] = {}
+        while pending or busy:
+            for worker in workers:
+                if pending and worker.job is None:
+                    worker.job = pending.pop(0)
+                    worker.send(worker.job.to_json(), self.timeout)
+                    busy[worker.conn] = worker
+            next_deadline = min(w.deadline for w in busy.values())
+            for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
+                worker = busy.pop(conn)
+                try:
+                    outcome = conn.recv()
+                except (EOFError, OSError):  # the process died under the variant
+                    outcome = Outcome("crashed", error=f"worker died (exit code {worker.process.exitcode})",
+                                      fatal=True)
+                outcomes[worker.job] = outcome
+                on_outcome(worker.job, outcome)
+                worker.job = None
+                if outcome.fatal:
+                    worker.restart()
+            now = time.monotonic()
+            for conn, worker in list(busy.items()):
+                if worker.deadline <= now:
+                    del busy[conn]
+                    outcomes[worker.job] = Outcome("timeout", error=f"no result within {self.timeout:.0f} s")
+                    on_outcome(worker.job, outcomes[worker.job])
+                    worker.job = None
+                    worker.restart()
+        return outcomes
+
+    def close(self):
+        for worker in (*self.compilers, self.measurer):
+            worker.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,124 @@
+"""Search strategy: a function over a space and an objective. It knows nothing of SQL or Triton.
+
+The space maps names to choices; `evaluate` takes a batch of points and returns each one's cost
+(None where the point failed); it may answer a point seen before from its own memory.
+Optuna proposes the points; invalid points are told to Optuna as pruned without being evaluated,
+so that TPE learns to avoid them, and so are failed points.
+"""
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+import optuna
+
+Point = dict[str, object]
+SAMPLERS = ("tpe", "random", "grid")
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=8)
+    if name in ("random", "grid"):  # grid: every valid point is enqueued in order; random fills nothing
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}: use one of {SAMPLERS}")
+
+
+def valid_points(space: dict[str, Sequence], is_valid: Callable[[Point], bool]) -> list[Point]:
+    return [p for p in (dict(zip(space, values)) for values in itertools.product(*space.values())) if is_valid(p)]
+
+
+def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[float | None]], *,
+           study_name: str, storage, sampler: str = "tpe", seed: int | None = None, n_trials: int = 50,
+           time_budget: float | None = None, warm_start: Sequence[Point] = (),
+           is_valid: Callable[[Point], bool] = lambda p: True, batch_size: int = 8,
+           known: Sequence[tuple[Point, float | None]] = (),
+           on_trial: Callable[[Point, float | None], None] = lambda p, v: None) -> optuna.Study:
+    """Run the study `study_name` until it holds `n_trials` distinct evaluated points (earlier runs
+    count, so an interrupted search resumes), the budget of seconds is spent, or no new point turns
+    up (the search has converged or the valid space is spent). A point proposed again is told its
+    known cost; it does not count as a new trial. `known` points (evaluated before, by any process)
+    join the study first, so that they count and TPE learns from them."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=study_name, storage=storage, sampler=make_sampler(sampler, seed),
+                                direction="minimize", load_if_exists=True)
+    _add_known(study, space, known)
+    seen = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+    queue = valid_points(space, is_valid) if sampler == "grid" else \
+        [p for p in warm_start if _in_space(p, space) and is_valid(p)]
+    for point in queue:
+        if _key(point) not in seen:
+            study.enqueue_trial(point, skip_if_exists=True)
+    values = {_key(t.params): t.value for t in study.get_trials(deepcopy=False) if t.user_attrs.get("evaluated")}
+    start = time.monotonic()
+    while len(values) < n_trials:
+        if time_budget is not None and time.monotonic() - start > time_budget:
+            break
+        batch, repeats = _ask_batch(study, space, is_valid, values, min(batch_size, n_trials - len(values)))
+        if not batch:  # only known or invalid points turn up: converged, or the valid space is spent
+            break
+        costs = evaluate([point for _, point in batch])
+        for (trial, point), value in zip(batch, costs):
+            values[_key(point)] = value
+            _tell(study, trial, value)
+            on_trial(point, value)
+        for trial, key in repeats:
+            _tell(study, trial, values[key])
+    return study
+
+
+def restricted_space(space: dict[str, Sequence], is_valid: Callable[[Point], bool]) -> dict[str, list]:
+    """Each knob's values that occur in some valid point: the search never wanders where nothing runs."""
+    points = valid_points(space, is_valid)
+    return {name: [c for c in choices if any(p[name] == c for p in points)] for name, choices in space.items()}
+
+
+def _tell(study, trial, value):
+    trial.set_user_attr("evaluated", True)
+    if value is None:  # failed: TPE learns to avoid it, like an invalid point
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
+
+
+def _add_known(study, space, known):
+    in_study = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.user_attrs.get("evaluated")}
+    distributions = {name: optuna.distributions.CategoricalDistribution(list(choices))
+                     for name, choices in space.items()}
+    for point, value in known:
+        if _key(point) in in_study or not _in_space(point, space):
+            continue
+        state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.PRUNED
+        study.add_trial(optuna.trial.create_trial(params=point, distributions=distributions, value=value,
+                                                  state=state, user_attrs={"evaluated": True}))
+        in_study.add(_key(point))
+
+
+def _ask_batch(study, space, is_valid, values, size: int, max_asks: int = 200):
+    """Up to `size` new valid points. Invalid proposals are told as pruned at once; known points
+    are told their cost at once (not timed again); repeats within the batch wait for its results."""
+    batch, repeats, keys = [], [], set()
+    for _ in range(max_asks):
+        if len(batch) == size:
+            break
+        trial = study.ask()
+        point = {name: trial.suggest_categorical(name, list(choices)) for name, choices in space.items()}
+        key = _key(point)
+        if not is_valid(point):
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        elif key in values:
+            _tell(study, trial, values[key])
+        elif key in keys:
+            repeats.append((trial, key))
+        else:
+            keys.add(key)
+            batch.append((trial, point))
+    return batch, repeats
+
+
+def _in_space(point: Point, space) -> bool:
+    return all(point.get(name) in choices for name, choices in space.items())
+
+
+def _key(point: Point) -> tuple:
+    return tuple(sorted(point.items()))

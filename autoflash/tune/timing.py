@@ -1,0 +1,48 @@
+"""Median run time of a kernel, do_bench style, with inputs rotated so that the L2 cache does not flatter.
+
+`fn(i)` runs the kernel on input set `i`; sets are cycled so that each call finds its inputs out
+of L2 whenever the sets together exceed it (`input_sets` says how many that takes).
+"""
+
+import math
+import statistics
+import time
+
+import torch
+
+
+def input_sets(bytes_per_set: int, device: torch.device, max_sets: int = 32) -> int:
+    """How many input sets to rotate so that together they span twice the L2 cache."""
+    if device.type != "cuda":
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2 ** 20)
+    return max(1, min(max_sets, math.ceil(2 * l2 / max(bytes_per_set, 1))))
+
+
+def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> float:
+    if device.type != "cuda":  # the interpreter: wall time of a few calls (for the record, not for speed)
+        times = []
+        for i in range(3):
+            start = time.perf_counter()
+            fn(i % n_sets)
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+    # Estimate one call, then warm up and measure for about warmup_ms and rep_ms.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(5):
+        fn(i % n_sets)
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for i in range(max(1, int(warmup_ms / estimate))):
+        fn(i % n_sets)
+    reps = max(10, min(1000, int(rep_ms / estimate)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        starts[i].record()
+        fn(i % n_sets)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))

@@ -1,0 +1,42 @@
+"""Problems files: grids, defaults, and errors that name the entry and the field."""
+
+import pytest
+
+from autoflash.problem import Problem
+from autoflash.shapes import ShapesError, load_problems
+
+
+def write(tmp_path, text):
+    path = tmp_path / "shapes.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_example_file_expands_to_a_grid():
+    problems = load_problems("examples/shapes.yaml")
+    assert problems[0] == Problem(4, 32, 8, 2048, 2048, 128, True, "bfloat16")
+    assert len(problems) == 5 and {(p.seqlen_q, p.causal) for p in problems[1:]} == \
+        {(1024, False), (1024, True), (4096, False), (4096, True)}
+    assert all(p.heads_kv == 16 and p.seqlen_k == 4096 for p in problems[1:])
+
+
+def test_fa_grid_has_24_problems_of_16k_tokens():
+    problems = load_problems("examples/fa_grid.yaml")
+    assert len(problems) == 24 and all(p.batch * p.seqlen_q == 16384 and p.heads_q * p.head_dim == 2048
+                                       for p in problems)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8}\n", r"problems\[0\]: missing field\(s\) \['head_dim'\]"),
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64}\n  - {batch: 0, heads_q: 2, seqlen_q: 8, "
+     "head_dim: 64}\n", r"problems\[1\]: field 'batch' must be a positive integer"),
+    ("problems:\n  - {batch: 1, heads_q: 3, heads_kv: 2, seqlen_q: 8, head_dim: 64}\n", "field 'heads_kv'"),
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64, dtype: fp8}\n", "field 'dtype'"),
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64, window: 3}\n", r"unknown field\(s\)"),
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 512}\n", "field 'head_dim' must be 16..256"),
+    ("shapes: []\n", "a list under 'problems'"),
+    ("problems: [\n", "cannot read"),
+])
+def test_errors_name_the_entry_and_field(tmp_path, text, message):
+    with pytest.raises(ShapesError, match=message):
+        load_problems(write(tmp_path, text))

@@ -1,0 +1,133 @@
+"""The tuner end to end under Triton's interpreter: trials recorded, failures classified, resumes, concurrency."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autoflash.cli import main
+from autoflash.db.models import SchemaVersion
+from autoflash.db.store import SchemaMismatch, Store
+from autoflash.gpu import INTERPRETER
+from autoflash.knobs import FwdKnobs
+from autoflash.problem import Problem
+from autoflash.tune.runner import Runner
+from autoflash.tune.tuner import tune_problem
+
+TINY = Problem(batch=1, heads_q=2, heads_kv=1, seqlen_q=40, seqlen_k=33, head_dim=32, causal=True, dtype="float16")
+
+
+def shapes_file(tmp_path, entries: str, name="shapes.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(f"problems:\n{entries}")
+    return str(path)
+
+
+def tune_command(*args):
+    return [sys.executable, "-m", "autoflash", "tune", "--interpret", *args]
+
+
+def test_cli_tunes_and_records_every_trial(tmp_path):
+    shapes = shapes_file(tmp_path, "  - {batch: 1, heads_q: 2, heads_kv: 1, seqlen_q: 40, seqlen_k: 33, head_dim: 32,"
+                                   " causal: [false, true]}\n")
+    url = f"sqlite:///{tmp_path / 'tune.db'}"
+    result = CliRunner().invoke(main, ["tune", "--interpret", "--shapes", shapes, "--trials", "4", "--db", url,
+                                       "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert "b1 h2/1 s40/33 d32 causal fp16" in result.output and "vs SDPA" in result.output
+    store = Store(url)
+    assert store.count_trials() == 8 and store.count_trials("ok") == 8
+    best = store.best("interpreter", __import__("autoflash.codegen").codegen.template_fingerprint())
+    assert len(best) == 2 and all(trial.median_ms > 0 and trial.tflops > 0 for _, _, trial in best)
+
+
+def test_runner_classifies_every_failure_and_keeps_going():
+    good = FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=2)
+    variants = [
+        FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=2, exp="exp"),  # raises
+        FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=3, exp="exp"),  # wrong output
+        FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=4, exp="exp", loads="tma"),  # worker dies
+        FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=4, exp="exp"),  # hangs
+        good,
+    ]
+    heard = []
+    with Runner(TINY, interpret=True, trial_timeout=20, loader="faulty_kernels:load") as runner:
+        outcomes = runner.run(variants, on_outcome=lambda knobs, outcome: heard.append(knobs))
+    assert [o.status for o in outcomes] == ["compile_error", "wrong_result", "crashed", "timeout", "ok"]
+    assert "forced compile failure" in outcomes[0].error and "relative error" in outcomes[1].error
+    assert outcomes[4].median_ms > 0 and sorted(map(str, heard)) == sorted(map(str, variants))
+
+
+def test_failed_variants_are_recorded_and_never_chosen(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'fail.db'}")
+    report = tune_problem(TINY, gpu=INTERPRETER, store=store, sampler="random", n_trials=10, seed=3, interpret=True,
+                          trial_timeout=20, loader="faulty_kernels:load")
+    failed = store.count_trials() - store.count_trials("ok")
+    assert store.count_trials() == 10 and failed >= 1, "the seed should hit a forced failure"
+    assert report.failures == failed and report.best is not None and report.best.exp == "exp2" or \
+        report.best.num_stages not in (2, 3, 4)
+
+
+def _count_until(url, n, proc, timeout=240):
+    store, start = Store(url), time.monotonic()
+    while store.count_trials() < n:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - start < timeout
+        time.sleep(0.2)
+
+
+def test_interrupted_run_resumes_without_redoing_trials(tmp_path):
+    shapes = shapes_file(tmp_path, "  - {batch: 1, heads_q: 2, heads_kv: 1, seqlen_q: 40, seqlen_k: 33,"
+                                   " head_dim: 32, causal: true}\n")
+    url = f"sqlite:///{tmp_path / 'resume.db'}"
+    args = tune_command("--shapes", shapes, "--trials", "10", "--db", url, "--seed", "1")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _count_until(url, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "run the same command to resume" in err
+    first = Store(url).count_trials()
+    assert 2 <= first < 10
+    subprocess.run(args, check=True, capture_output=True, timeout=600)
+    store = Store(url)
+    assert store.count_trials() == 10, "the second run should add only the missing trials"
+    from autoflash import codegen
+    assert len(store.finished("interpreter", TINY, codegen.template_fingerprint())) == 10
+
+
+def test_two_processes_on_one_sqlite_file_lose_no_rows(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    procs = []
+    for i, causal in enumerate(("false", "true")):
+        shapes = shapes_file(tmp_path, f"  - {{batch: 1, heads_q: 2, seqlen_q: 40, head_dim: 32, causal: {causal}}}\n",
+                             name=f"s{i}.yaml")
+        procs.append(subprocess.Popen(tune_command("--shapes", shapes, "--trials", "5", "--db", url, "--seed", str(i)),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    assert Store(url).count_trials() == 10
+
+
+def test_database_of_another_schema_version_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    store = Store(url)
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+    with Session(store.engine) as s:
+        s.execute(update(SchemaVersion).values(version=99))
+        s.commit()
+    with pytest.raises(SchemaMismatch, match="schema version 99.*new database"):
+        Store(url)
+
+
+def test_gpu_name_must_match_the_gpu_here(tmp_path):
+    shapes = shapes_file(tmp_path, "  - {batch: 1, heads_q: 1, seqlen_q: 16, head_dim: 16}\n")
+    result = CliRunner().invoke(main, ["tune", "--interpret", "--gpu", "h100", "--shapes", shapes,
+                                       "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert result.exit_code != 0 and "does not match the GPU here" in result.output
