@@ -30,6 +30,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, db_url, sampler, seed, tria
     from autoflash import gpu as gpus
     from autoflash.db.store import SchemaMismatch, Store
     from autoflash.shapes import ShapesError, load_problems
+    from autoflash.tune.runner import Runner
     from autoflash.tune.tuner import tune_problem
 
     try:
@@ -46,13 +47,13 @@ def tune(shapes_file, gpu_name, trials, time_budget, db_url, sampler, seed, tria
     click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
     reports = []
     try:
-        for problem in problems:
-            target = trials or (10 ** 9 if sampler == "grid" else 60)
-            with click.progressbar(length=min(target, 10 ** 4), label=problem.label(), file=sys.stderr) as bar:
-                reports.append(tune_problem(
-                    problem, gpu=here, store=store, sampler=sampler, n_trials=target, time_budget=time_budget,
-                    seed=seed, interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout,
-                    on_trial=lambda knobs, ms: bar.update(1)))
+        with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
+            for problem in problems:
+                target = trials or (10 ** 9 if sampler == "grid" else 60)
+                with click.progressbar(length=min(target, 10 ** 4), label=problem.label(), file=sys.stderr) as bar:
+                    reports.append(tune_problem(problem, gpu=here, store=store, runner=runner, sampler=sampler,
+                                                n_trials=target, time_budget=time_budget, seed=seed,
+                                                on_trial=lambda knobs, ms: bar.update(1)))
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: every finished trial is saved in {store.url}; run the same command to resume",
                    err=True)

@@ -22,24 +22,28 @@ DEFAULT_LOADER = "autoflash.codegen:load"
 _STARTUP_TIMEOUT = 600.0  # importing torch and building a problem's inputs and reference
 
 
-def _serve(conn, role: str, problem: Problem, loader: str, interpret: bool):
-    """Worker main loop: build the problem once, then answer one request at a time."""
+def _serve(conn, role: str, loader: str, interpret: bool):
+    """Worker main loop: answer one request at a time, keeping the inputs of the latest problem."""
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     device = torch.device("cuda" if torch.cuda.is_available() and not interpret else "cpu")
-    bench = Bench(problem, device, loader, measure=role == "measure")
+    bench = None
     conn.send("ready")
     while True:
         request = conn.recv()
         if request is None:
             return
-        if request == "sdpa":
+        kind, problem, knobs_json = request
+        if bench is None or bench.problem != problem:
+            bench = None  # free the last problem's tensors first
+            bench = Bench(problem, device, loader, measure=role == "measure")
+        if kind == "sdpa":
             try:
                 conn.send(bench.sdpa_ms())
             except Exception as e:
                 conn.send(f"{type(e).__name__}: {e}")
             continue
-        knobs = FwdKnobs.from_json(request)
+        knobs = FwdKnobs.from_json(knobs_json)
         outcome = bench.compile(knobs) if role == "compile" else bench.measure(knobs)
         conn.send(outcome)
         if outcome.fatal:
@@ -91,12 +95,13 @@ class _Worker:
 
 
 class Runner:
-    """Compile, check and time variants of one problem; `run` returns one Outcome per variant."""
+    """Compile, check and time variants; `run` returns one Outcome per variant. The workers live
+    as long as the runner, across problems: start one runner for a whole tuning run."""
 
-    def __init__(self, problem: Problem, *, interpret: bool, compile_workers: int | None = None,
-                 trial_timeout: float = 180.0, loader: str = DEFAULT_LOADER):
-        self.problem, self.timeout = problem, trial_timeout
-        args = (problem, loader, interpret)
+    def __init__(self, *, interpret: bool, compile_workers: int | None = None, trial_timeout: float = 180.0,
+                 loader: str = DEFAULT_LOADER):
+        self.timeout = trial_timeout
+        args = (loader, interpret)
         if compile_workers is None:
             compile_workers = 0 if interpret else max(1, (os.cpu_count() or 2) - 1)
         self.compilers = [_Worker("compile", args) for _ in range(compile_workers)]
@@ -104,26 +109,28 @@ class Runner:
         for worker in (*self.compilers, self.measurer):
             worker.wait_ready()
 
-    def run(self, variants: list[FwdKnobs], on_outcome=lambda knobs, outcome: None) -> list[Outcome]:
+    def run(self, problem: Problem, variants: list[FwdKnobs], on_outcome=lambda knobs, outcome: None
+            ) -> list[Outcome]:
         """One outcome per variant; `on_outcome` hears each final one as soon as it is known."""
         def compiled(knobs, outcome):
             if outcome.status != "ok":
                 on_outcome(knobs, outcome)
-        outcomes = self._map(self.compilers, variants, compiled) if self.compilers else {}
+        outcomes = self._map(self.compilers, problem, variants, compiled) if self.compilers else {}
         to_measure = [k for k in variants if outcomes.get(k, Outcome("ok")).status == "ok"]
-        outcomes.update(self._map([self.measurer], to_measure, on_outcome))
+        outcomes.update(self._map([self.measurer], problem, to_measure, on_outcome))
         return [outcomes[k] for k in variants]
 
-    def sdpa_ms(self) -> float | None:
-        """torch SDPA on this problem, timed by the measuring worker; None where it cannot run."""
-        self.measurer.send("sdpa", self.timeout)
+    def sdpa_ms(self, problem: Problem) -> float | None:
+        """torch SDPA on `problem`, timed by the measuring worker; None where it cannot run."""
+        self.measurer.send(("sdpa", problem, None), self.timeout)
         if not self.measurer.conn.poll(self.timeout):
             self.measurer.restart()
             return None
         answer = self.measurer.conn.recv()
         return answer if isinstance(answer, float) else None
 
-    def _map(self, workers: list[_Worker], variants: list[FwdKnobs], on_outcome) -> dict[FwdKnobs, Outcome]:
+    def _map(self, workers: list[_Worker], problem: Problem, variants: list[FwdKnobs], on_outcome
+             ) -> dict[FwdKnobs, Outcome]:
         """Hand variants to idle workers; collect outcomes as they come; replace dead or hung workers."""
         pending, outcomes = list(variants), {}
         busy: dict[object, _Worker] = {}
@@ -131,7 +138,7 @@ class Runner:
             for worker in workers:
                 if pending and worker.job is None:
                     worker.job = pending.pop(0)
-                    worker.send(worker.job.to_json(), self.timeout)
+                    worker.send(("trial", problem, worker.job.to_json()), self.timeout)
                     busy[worker.conn] = worker
             next_deadline = min(w.deadline for w in busy.values())
             for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):

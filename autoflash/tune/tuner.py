@@ -15,7 +15,7 @@ from autoflash.defaults import default_knobs
 from autoflash.gpu import Gpu
 from autoflash.knobs import FwdKnobs, not_worth_timing, violations
 from autoflash.problem import Problem
-from autoflash.tune.runner import DEFAULT_LOADER, Runner
+from autoflash.tune.runner import Runner
 from autoflash.tune.search import restricted_space, search
 
 
@@ -56,10 +56,8 @@ def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, count: int = 3) -> l
     return [FwdKnobs.from_json(knobs) for _, knobs in sorted(tuned)[:count]]
 
 
-def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, sampler: str = "tpe", n_trials: int = 60,
-                 time_budget: float | None = None, seed: int | None = None, interpret: bool = False,
-                 compile_workers: int | None = None, trial_timeout: float = 180.0, loader: str = DEFAULT_LOADER,
-                 study_suffix: str = "", resume: bool = True, on_trial: Callable[[FwdKnobs, float | None], None] = lambda k, v: None,
+def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, sampler: str = "tpe",
+                 n_trials: int = 60, time_budget: float | None = None, seed: int | None = None, study_suffix: str = "", resume: bool = True, on_trial: Callable[[FwdKnobs, float | None], None] = lambda k, v: None,
                  ) -> Report:
     """Search variants for `problem` and record every trial. With `resume`, trials already in the
     store count toward `n_trials`; without it (search experiments) the study starts empty, though
@@ -76,7 +74,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, sampler: str = "tp
             done[knobs.to_json()] = outcome
         new = list(dict.fromkeys(k for k in variants if k.to_json() not in done))
         if new:
-            runner.run(new, on_outcome=record)
+            runner.run(problem, new, on_outcome=record)
         return [done[k.to_json()].median_ms if done[k.to_json()].status == "ok" else None for k in variants]
 
     def is_valid(point) -> bool:
@@ -84,17 +82,15 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, sampler: str = "tp
         return not violations(knobs, problem, gpu) and not not_worth_timing(knobs, problem)
 
     warm = [default_knobs(problem, gpu), *nearest_tuned(store, gpu, problem)]
-    with Runner(problem, interpret=interpret, compile_workers=compile_workers, trial_timeout=trial_timeout,
-                loader=loader) as runner:
-        search(restricted_space(FwdKnobs.search_space(), is_valid), evaluate, study_name=study_name(gpu, problem) + study_suffix,
-               storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials,
-               time_budget=time_budget, warm_start=[k.as_point() for k in warm], is_valid=is_valid,
-               batch_size=max(4, len(runner.compilers)), on_trial=lambda p, v: on_trial(FwdKnobs(**p), v),
-               known=[(FwdKnobs.from_json(k).as_point(), t.median_ms if t.status == "ok" else None)
-                      for k, t in done.items()] if resume else ())
-        sdpa_ms = runner.sdpa_ms()
-        if sdpa_ms is not None:
-            store.record_baseline(gpu, problem, "sdpa", sdpa_ms)
+    known = [(FwdKnobs.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
+    search(restricted_space(FwdKnobs.search_space(), is_valid), evaluate,
+           study_name=study_name(gpu, problem) + study_suffix, storage=store.optuna_storage(), sampler=sampler,
+           seed=seed, n_trials=n_trials, time_budget=time_budget, warm_start=[k.as_point() for k in warm],
+           is_valid=is_valid, batch_size=max(4, len(runner.compilers)), known=known if resume else (),
+           on_trial=lambda p, v: on_trial(FwdKnobs(**p), v))
+    sdpa_ms = runner.sdpa_ms(problem)
+    if sdpa_ms is not None:
+        store.record_baseline(gpu, problem, "sdpa", sdpa_ms)
     ok = {k: t for k, t in done.items() if t.status == "ok"}
     best = min(ok, key=lambda k: ok[k].median_ms, default=None)
     return Report(problem, FwdKnobs.from_json(best) if best else None, ok[best].median_ms if best else None,
