@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from autoflash.api import attention  # noqa: E402
+from autoflash.api import attention, explain  # noqa: E402
 
-__all__ = ["attention", "__version__"]
+__all__ = ["attention", "explain", "__version__"]

@@ -7,9 +7,8 @@ from functools import lru_cache
 import torch
 
 from autoflash import codegen, gpu as gpus
-from autoflash.defaults import default_knobs
+from autoflash.dispatch import Choice, Dispatcher
 from autoflash.gpu import Gpu
-from autoflash.knobs import FwdKnobs
 from autoflash.problem import DTYPES, Problem
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -48,17 +47,37 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     if q.numel():
         problem = Problem.from_tensors(q, k, causal)
-        knobs = _knobs_for(problem, gpus.current(q.device), _tma_aligned(q, k, v, out))
+        knobs = _choice_for(problem, gpus.current(q.device), _tma_aligned(q, k, v, out)).knobs
         codegen.load(knobs).forward(q, k, v, out, lse, scale, causal)
     return (out, lse) if return_lse else out
 
 
+DISPATCHER = Dispatcher()
+
+
+def explain(q, k, v, *, causal=False) -> str:
+    """Which variant `attention(q, k, v, causal=causal)` runs, where it comes from and why."""
+    q, k, v = _checked(q, k, v)
+    problem = Problem.from_tensors(q, k, causal)
+    gpu = gpus.current(q.device)
+    choice = _choice_for(problem, gpu, _tma_aligned(q, k, v))
+    lines = [f"problem: {problem.label()} ({problem.key()})", f"gpu:     {gpu.name} (family {gpu.family})",
+             f"source:  {choice.source}", f"why:     {choice.reason}"]
+    if choice.tuned:
+        lines.append(f"tuned:   {choice.tuned.problem.label()} at {choice.tuned.median_ms:.4f} ms, "
+                     f"{choice.tuned.tflops:.1f} TFLOP/s")
+    lines.append(f"knobs:   {choice.knobs.to_json()}")
+    return "\n".join(lines)
+
+
 @lru_cache(maxsize=4096)
-def _knobs_for(problem: Problem, gpu: Gpu, tma_aligned: bool) -> FwdKnobs:
-    knobs = default_knobs(problem, gpu)
-    if knobs.loads == "tma" and not tma_aligned:
-        knobs = replace(knobs, loads="pointer")
-    return knobs
+def _choice_for(problem: Problem, gpu: Gpu, tma_aligned: bool) -> Choice:
+    """Memoised per problem: after the first call nothing but this dictionary lookup runs."""
+    choice = DISPATCHER.choice(problem, gpu)
+    if choice.knobs.loads == "tma" and not tma_aligned:
+        choice = replace(choice, knobs=replace(choice.knobs, loads="pointer"),
+                         reason=choice.reason + "; TMA needs 16-byte aligned strides: pointer loads instead")
+    return choice
 
 
 def _tma_aligned(*tensors) -> bool:

@@ -19,7 +19,12 @@ ANY = ("float16", "bfloat16", "float32")
 _TABLE = [
     # The interpreter runs numpy: large tiles mean fewer Python-level steps.
     ("interpreter", (0, 0), ANY, 256, FwdKnobs(block_m=32, block_n=32, num_warps=4, num_stages=1)),
-    ("*", (9, 0), HALF, 128, FwdKnobs(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma")),
+    # H100, fp16, d64, FlashAttention grid (benchmarks/results/2026-11-22_h100_fa_grid_fwd_tune.log): 128x64,
+    # 8 warps, 3-4 stages won 11 of 12 problems (pointer loads in 10).
+    ("*", (9, 0), HALF, 64, FwdKnobs(block_m=128, block_n=64, num_warps=8, num_stages=4)),
+    # H100, fp16, d128, exhaustive grid of 272 variants at 1k/4k/16k tokens (2026-11-22_h100_exhaustive_grid.log):
+    # 128x64, 4 warps, 2 stages, TMA was fastest on all three; 128x128/8 warps/3 stages ran 7% (4k), 4% (16k) slower.
+    ("*", (9, 0), HALF, 128, FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma")),
     ("*", (9, 0), HALF, 256, FwdKnobs(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma")),
     ("*", (8, 0), HALF, 128, FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=3)),
     ("*", (0, 0), ANY, 256, FwdKnobs(block_m=64, block_n=32, num_warps=4, num_stages=2)),

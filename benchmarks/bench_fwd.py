@@ -24,7 +24,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 import autoflash
 from autoflash import codegen, gpu as gpus
-from autoflash.api import _knobs_for
+from autoflash.api import _choice_for
 from autoflash.knobs import FwdKnobs, violations
 from autoflash.problem import Problem
 
@@ -83,7 +83,7 @@ def measure(p: Problem, sweep: bool) -> list[dict]:
         except Exception as e:  # a backend that refuses the shape is recorded, not fatal
             rows.append(dict(backend=name, error=f"{type(e).__name__}: {str(e)[:200]}", **extra))
 
-    default = _knobs_for(p, gpu, True)
+    default = _choice_for(p, gpu, True).knobs
     record("autoflash", lambda: autoflash.attention(q, k, v, causal=p.causal), knobs=default.to_json())
     for name, backend in SDPA_BACKENDS.items():
         record(name, sdpa_runner(backend, q, k, v, p.causal))

@@ -40,10 +40,14 @@ class SchemaMismatch(RuntimeError):
     pass
 
 
-def make_engine(url: str):
-    """An engine; SQLite gets WAL and a long busy timeout so that concurrent tuners wait, not fail."""
+def make_engine(url: str, readonly: bool = False):
+    """An engine; SQLite gets WAL and a long busy timeout so that concurrent tuners wait, not fail.
+    `readonly` opens a SQLite file without writing to it (a database shipped inside the package)."""
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
+    if readonly:
+        path = url.split("///", 1)[-1]
+        return create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -57,14 +61,16 @@ def make_engine(url: str):
 
 
 class Store:
-    def __init__(self, url: str | None = None):
+    def __init__(self, url: str | None = None, readonly: bool = False):
         self.url = url or default_url()
-        self.engine = make_engine(self.url)
-        self._ensure_schema()
+        self.engine = make_engine(self.url, readonly)
+        self._ensure_schema(readonly)
 
-    def _ensure_schema(self):
+    def _ensure_schema(self, readonly: bool):
         tables = set(inspect(self.engine).get_table_names())
         ours = {t.name for t in Base.metadata.sorted_tables}
+        if readonly and not tables & ours:
+            raise SchemaMismatch(f"{self.url} holds no autoflash tables")
         if tables & ours:
             with Session(self.engine) as s:
                 versions = s.scalars(select(SchemaVersion.version)).all() if SchemaVersion.__tablename__ in tables \
@@ -75,7 +81,8 @@ class Store:
                     f"the database {self.url} holds autoflash schema version {found}, this autoflash "
                     f"(version {autoflash.__version__}) uses {SCHEMA_VERSION}: install the autoflash that wrote it, "
                     f"or point --db / ${DB_ENV} at a new database and tune again")
-            Base.metadata.create_all(self.engine)  # tables added in this version, if any
+            if not readonly:
+                Base.metadata.create_all(self.engine)  # tables added in this version, if any
             return
         Base.metadata.create_all(self.engine)
         with Session(self.engine) as s:

@@ -3,10 +3,12 @@
 The space maps names to choices; `evaluate` takes a batch of points and returns each one's cost
 (None where the point failed); it may answer a point seen before from its own memory.
 Optuna proposes the points; invalid points are told to Optuna as pruned without being evaluated,
-so that TPE learns to avoid them, and so are failed points.
+so that TPE learns to avoid them, and so are failed points. Knobs whose choices are numbers are
+searched as ordinals (the index into their choices), so that TPE sees 64 next to 128.
 """
 
 import itertools
+import random
 import time
 from collections.abc import Callable, Sequence
 
@@ -36,27 +38,34 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
            on_trial: Callable[[Point, float | None], None] = lambda p, v: None) -> optuna.Study:
     """Run the study `study_name` until it holds `n_trials` distinct evaluated points (earlier runs
     count, so an interrupted search resumes), the budget of seconds is spent, or no new point turns
-    up (the search has converged or the valid space is spent). A point proposed again is told its
+    up (the valid space is spent; a converged sampler is helped by random unseen points). A point proposed again is told its
     known cost; it does not count as a new trial. `known` points (evaluated before, by any process)
     join the study first, so that they count and TPE learns from them."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=study_name, storage=storage, sampler=make_sampler(sampler, seed),
                                 direction="minimize", load_if_exists=True)
     _add_known(study, space, known)
-    seen = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+    seen = {_key(_decode(t.params, space)) for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
     queue = valid_points(space, is_valid) if sampler == "grid" else \
         [p for p in warm_start if _in_space(p, space) and is_valid(p)]
     for point in queue:
         if _key(point) not in seen:
-            study.enqueue_trial(point, skip_if_exists=True)
-    values = {_key(t.params): t.value for t in study.get_trials(deepcopy=False) if t.user_attrs.get("evaluated")}
-    start = time.monotonic()
+            study.enqueue_trial(_encode(point, space), skip_if_exists=True)
+    values = {_key(_decode(t.params, space)): t.value for t in study.get_trials(deepcopy=False)
+              if t.user_attrs.get("evaluated")}
+    start, rng = time.monotonic(), random.Random(seed)
     while len(values) < n_trials:
         if time_budget is not None and time.monotonic() - start > time_budget:
             break
-        batch, repeats = _ask_batch(study, space, is_valid, values, min(batch_size, n_trials - len(values)))
-        if not batch:  # only known or invalid points turn up: converged, or the valid space is spent
-            break
+        size = min(batch_size, n_trials - len(values))
+        batch, repeats = _ask_batch(study, space, is_valid, values, size)
+        if not batch:  # the sampler proposes only known points: explore unseen ones at random
+            unseen = [p for p in valid_points(space, is_valid) if _key(p) not in values]
+            if not unseen:
+                break  # the valid space is spent
+            for point in rng.sample(unseen, min(size, len(unseen))):
+                study.enqueue_trial(_encode(point, space))
+            batch, repeats = _ask_batch(study, space, is_valid, values, size)
         costs = evaluate([point for _, point in batch])
         for (trial, point), value in zip(batch, costs):
             values[_key(point)] = value
@@ -81,16 +90,35 @@ def _tell(study, trial, value):
         study.tell(trial, value)
 
 
+def _ordinal(choices) -> bool:
+    return len(choices) > 1 and all(isinstance(c, int) and not isinstance(c, bool) for c in choices)
+
+
+def _distributions(space) -> dict:
+    return {name: optuna.distributions.IntDistribution(0, len(choices) - 1) if _ordinal(choices)
+            else optuna.distributions.CategoricalDistribution(list(choices)) for name, choices in space.items()}
+
+
+def _encode(point: Point, space) -> dict:
+    return {name: list(choices).index(point[name]) if _ordinal(choices) else point[name]
+            for name, choices in space.items()}
+
+
+def _decode(params: dict, space) -> Point:
+    return {name: choices[params[name]] if _ordinal(choices) and name in params else params.get(name)
+            for name, choices in space.items()}
+
+
 def _add_known(study, space, known):
-    in_study = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.user_attrs.get("evaluated")}
-    distributions = {name: optuna.distributions.CategoricalDistribution(list(choices))
-                     for name, choices in space.items()}
+    in_study = {_key(_decode(t.params, space)) for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("evaluated")}
+    distributions = _distributions(space)
     for point, value in known:
         if _key(point) in in_study or not _in_space(point, space):
             continue
         state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.PRUNED
-        study.add_trial(optuna.trial.create_trial(params=point, distributions=distributions, value=value,
-                                                  state=state, user_attrs={"evaluated": True}))
+        study.add_trial(optuna.trial.create_trial(params=_encode(point, space), distributions=distributions,
+                                                  value=value, state=state, user_attrs={"evaluated": True}))
         in_study.add(_key(point))
 
 
@@ -101,8 +129,8 @@ def _ask_batch(study, space, is_valid, values, size: int, max_asks: int = 200):
     for _ in range(max_asks):
         if len(batch) == size:
             break
-        trial = study.ask()
-        point = {name: trial.suggest_categorical(name, list(choices)) for name, choices in space.items()}
+        trial = study.ask(_distributions(space))
+        point = _decode(trial.params, space)
         key = _key(point)
         if not is_valid(point):
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)

@@ -4,7 +4,6 @@ Every trial is committed as soon as it is measured; a variant already timed for 
 GPU family and template fingerprint) is answered from the store instead of being timed again.
 """
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from autoflash import codegen
 from autoflash.db.store import Store
 from autoflash.defaults import default_knobs
+from autoflash.dispatch import distance
 from autoflash.gpu import Gpu
 from autoflash.knobs import FwdKnobs, not_worth_timing, violations
 from autoflash.problem import Problem
@@ -43,17 +43,10 @@ def study_name(gpu: Gpu, problem: Problem, direction: str = "fwd") -> str:
 
 
 def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, count: int = 3) -> list[FwdKnobs]:
-    """Best variants of the tuned problems closest to `problem`: same dtype, head dim, causal flag and
-    GQA ratio first, then by distance of lengths and batch x heads in log scale."""
-    def distance(other: Problem) -> float:
-        same = (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv) == \
-               (problem.dtype, problem.head_dim, problem.causal, problem.heads_q // problem.heads_kv)
-        return (0 if same else 100) + sum(abs(math.log2(a) - math.log2(b)) for a, b in (
-            (other.seqlen_q, problem.seqlen_q), (other.seqlen_k, problem.seqlen_k),
-            (other.batch * other.heads_q, problem.batch * problem.heads_q)))
-    tuned = [(distance(p), knobs) for p, knobs, _ in store.best(gpu.family, codegen.template_fingerprint())
-             if p != problem]
-    return [FwdKnobs.from_json(knobs) for _, knobs in sorted(tuned)[:count]]
+    """Best variants of the tuned problems closest to `problem` (of the same kind; see dispatch.distance)."""
+    near = [(d, knobs) for other, knobs, _ in store.best(gpu.family, codegen.template_fingerprint())
+            if other != problem and (d := distance(problem, other)) is not None]
+    return [FwdKnobs.from_json(knobs) for _, knobs in sorted(near)[:count]]
 
 
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, sampler: str = "tpe",

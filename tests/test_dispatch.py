@@ -1,0 +1,97 @@
+"""Dispatch: exact problem, then nearest neighbour, then default; other GPUs and templates ignored."""
+
+import dataclasses
+
+import pytest
+
+import autoflash
+from autoflash import api, codegen, dispatch
+from autoflash.db.store import Store
+from autoflash.dispatch import Dispatcher
+from autoflash.gpu import Gpu, INTERPRETER
+from autoflash.knobs import FwdKnobs
+from autoflash.problem import Problem
+from conftest import DEVICE
+from helpers import assert_matches_reference, make_qkv
+
+H100 = Gpu("h100", "NVIDIA H100 80GB HBM3", (9, 0), 132, 232448, 65536)
+A100 = Gpu("a100", "NVIDIA A100", (8, 0), 108, 166912, 65536)
+BASE = Problem(4, 16, 16, 4096, 4096, 128, False, "float16")
+FAST = FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma")
+NEAR = FwdKnobs(block_m=64, block_n=64, num_warps=4, num_stages=3)
+ELSEWHERE = FwdKnobs(block_m=256, block_n=64, num_warps=8, num_stages=2)
+
+
+def record(store, gpu, problem, knobs, ms, fingerprint=None):
+    store.record_trial(gpu, problem, knobs.to_json(), fingerprint or codegen.template_fingerprint(), "ok", ms)
+
+
+@pytest.fixture
+def tuned_db(tmp_path):
+    url = f"sqlite:///{tmp_path / 'user.db'}"
+    store = Store(url)
+    record(store, H100, BASE, FAST, 1.0)
+    record(store, H100, BASE, NEAR, 1.5)  # slower: never the best
+    record(store, H100, dataclasses.replace(BASE, seqlen_q=16384, seqlen_k=16384, batch=1), NEAR, 3.0)
+    record(store, H100, BASE, ELSEWHERE, 0.1, fingerprint="0000000000000000")  # other templates
+    record(store, A100, dataclasses.replace(BASE, seqlen_q=1024, seqlen_k=1024), ELSEWHERE, 0.1)  # other GPU
+    return url
+
+
+def test_exact_then_nearest_then_default(tuned_db):
+    d = Dispatcher([tuned_db])
+    exact = d.choice(BASE, H100)
+    assert exact.knobs == FAST and exact.reason == "exact problem tuned" and exact.tuned.median_ms == 1.0
+    near = d.choice(dataclasses.replace(BASE, batch=1, seqlen_q=12000, seqlen_k=12000), H100)
+    assert near.knobs == NEAR and near.reason.startswith("nearest") and near.source == tuned_db
+    other_kind = d.choice(dataclasses.replace(BASE, head_dim=64), H100)
+    assert other_kind.source == "default" and other_kind.tuned is None
+
+
+def test_other_gpus_and_templates_are_ignored(tuned_db):
+    d = Dispatcher([tuned_db])
+    assert d.choice(dataclasses.replace(BASE, seqlen_q=1024, seqlen_k=1024), H100).knobs != ELSEWHERE
+    assert d.choice(dataclasses.replace(BASE, seqlen_q=1024, seqlen_k=1024, head_dim=64), A100).source == "default"
+
+
+def test_an_exact_match_in_a_later_source_beats_a_neighbour_in_an_earlier_one(tuned_db, tmp_path):
+    shipped = f"sqlite:///{tmp_path / 'shipped.db'}"
+    other = dataclasses.replace(BASE, seqlen_q=2048, seqlen_k=2048, batch=8)
+    record(Store(shipped), H100, other, ELSEWHERE, 0.5)
+    d = Dispatcher([tuned_db, shipped])
+    assert d.choice(other, H100).knobs == ELSEWHERE and d.choice(other, H100).source == shipped
+    assert d.choice(BASE, H100).source == tuned_db
+
+
+def test_knobs_are_fitted_to_the_problem(tuned_db):
+    tiny = dataclasses.replace(BASE, seqlen_q=1, seqlen_k=4096)
+    assert Dispatcher([tuned_db]).choice(tiny, H100).knobs.block_m == 16
+
+
+def test_a_broken_database_is_ignored_with_a_warning(tmp_path):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"not a database")
+    with pytest.warns(UserWarning, match="ignores the tuning database"):
+        assert Dispatcher([f"sqlite:///{bad}"]).choice(BASE, H100).source == "default"
+
+
+def test_attention_reads_each_database_once_and_uses_the_tuned_variant(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'interp.db'}"
+    q, k, v = make_qkv(1, 2, 2, 40, 40, 32, __import__("torch").float16, DEVICE, seed=5)
+    problem = Problem.from_tensors(q, k, True)
+    tuned = FwdKnobs(block_m=64, block_n=16, num_warps=2, num_stages=2, exp="exp")
+    record(Store(url), INTERPRETER, problem, tuned, 2.0)
+    reads = []
+    real_read = dispatch.read_records
+    monkeypatch.setattr(dispatch, "read_records", lambda u, f: reads.append(u) or real_read(u, f))
+    monkeypatch.setattr(api, "DISPATCHER", Dispatcher([url]))
+    api._choice_for.cache_clear()
+    try:
+        for _ in range(3):
+            out, lse = autoflash.attention(q, k, v, causal=True, return_lse=True)
+        assert_matches_reference(out, lse, q, k, v, True)
+        assert reads == [url], "the database is read once per process"
+        text = autoflash.explain(q, k, v, causal=True)
+        assert "exact problem tuned" in text and tuned.to_json() in text and url in text
+    finally:
+        api._choice_for.cache_clear()
