@@ -36,24 +36,24 @@ def template_name(knobs: FwdKnobs) -> str:
 
 @lru_cache(maxsize=None)
 def template_fingerprint() -> str:
-    """Hash of every template file: records from other template text are never used."""
+    """Hash of every kernel template (templates/*.jinja; export/ holds none): records from other
+    template text are never used."""
     digest = hashlib.sha256()
     for path in sorted(data_dir("templates").glob("*.jinja")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
+def render_template(name: str, **context) -> str:
+    """Render `templates/<name>` with the versions and the fingerprint in its context."""
+    return _env.get_template(name).render(FINGERPRINT=template_fingerprint(), AUTOFLASH_VERSION=autoflash.__version__,
+                                          TRITON_VERSION=triton.__version__, **context)
+
+
 def render(knobs: FwdKnobs, extra_header: tuple[str, ...] = ()) -> str:
     """Python source of the variant: its kernels and a `forward(q, k, v, out, lse, softmax_scale, causal)`."""
-    return _env.get_template(template_name(knobs)).render(
-        TEMPLATE=template_name(knobs),
-        KNOBS_JSON=knobs.to_json(),
-        FINGERPRINT=template_fingerprint(),
-        AUTOFLASH_VERSION=autoflash.__version__,
-        TRITON_VERSION=triton.__version__,
-        EXTRA_HEADER=extra_header,
-        **knobs.template_context(),
-    )
+    return render_template(template_name(knobs), TEMPLATE=template_name(knobs), KNOBS_JSON=knobs.to_json(),
+                           EXTRA_HEADER=extra_header, **knobs.template_context())
 
 
 def kernel_key(knobs: FwdKnobs) -> str:

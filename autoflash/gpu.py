@@ -28,6 +28,25 @@ class Gpu:
 INTERPRETER = Gpu("interpreter", "Triton interpreter (CPU)", (9, 0), 1, 232448, 65536)
 
 
+# GPUs whose limits we know without seeing them, to export or plan for a GPU that is not here.
+KNOWN = {gpu.family: gpu for gpu in (
+    INTERPRETER,
+    Gpu("h100", "NVIDIA H100 80GB HBM3", (9, 0), 132, 232448, 65536),
+    Gpu("h200", "NVIDIA H200", (9, 0), 132, 232448, 65536),
+    Gpu("a100", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 166912, 65536),
+)}
+
+
+def by_family(family: str) -> Gpu:
+    """The GPU here if it is of `family`, else the known limits of that family."""
+    here = current()
+    if here.family == family:
+        return here
+    if family not in KNOWN:
+        raise ValueError(f"unknown GPU family '{family}' and no such GPU here: use one of {sorted(KNOWN)}")
+    return KNOWN[family]
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -2,6 +2,9 @@
 
 import click
 
+from autoflash.cli.bench import bench
+from autoflash.cli.export import export
+from autoflash.cli.show import show
 from autoflash.cli.tune import tune
 
 
@@ -11,4 +14,5 @@ def main():
     """Generate, tune and dispatch FlashAttention kernels written in Triton."""
 
 
-main.add_command(tune)
+for command in (tune, show, bench, export):
+    main.add_command(command)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import triton
-from sqlalchemy import create_engine, event, func, inspect, select
+from sqlalchemy import case, create_engine, event, func, inspect, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -175,6 +175,17 @@ class Store:
         for trial, variant, problem_row in rows:
             best.setdefault(problem_row.key, (_problem_of(problem_row), variant.knobs, trial))
         return list(best.values())
+
+    def summary(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, int, int]]:
+        """Per problem tuned on `family`: (problem, trials, failed trials)."""
+        with Session(self.engine) as s:
+            rows = s.execute(select(ProblemRow, func.count(TrialRow.id),
+                                    func.sum(case((TrialRow.status != "ok", 1), else_=0)))
+                             .join(TrialRow.problem).join(TrialRow.variant).join(TrialRow.gpu)
+                             .where(GpuRow.family == family, VariantRow.fingerprint == fingerprint,
+                                    VariantRow.direction == direction)
+                             .group_by(ProblemRow.id).order_by(ProblemRow.id)).all()
+            return [(_problem_of(p), count, int(failed or 0)) for p, count, failed in rows]
 
     def baseline(self, family: str, problem: Problem, backend: str) -> float | None:
         """The latest time of `backend` on `problem` on this GPU family."""

@@ -1,0 +1,35 @@
+"""Options and helpers shared by the commands."""
+
+import click
+
+
+def resolve_gpu(gpu_name: str | None):
+    """The GPU family to read or file results under: --gpu, else the GPU here."""
+    from autoflash import gpu as gpus
+
+    return gpu_name.lower() if gpu_name else gpus.current().family
+
+
+def open_store(db_url: str | None, readonly: bool = False):
+    from autoflash.db.store import SchemaMismatch, Store
+
+    try:
+        return Store(db_url, readonly=readonly)
+    except SchemaMismatch as e:
+        raise click.ClickException(str(e)) from e
+
+
+def problems_of(shapes_file: str):
+    from autoflash.shapes import ShapesError, load_problems
+
+    try:
+        return load_problems(shapes_file)
+    except ShapesError as e:
+        raise click.ClickException(str(e)) from e
+
+
+gpu_option = click.option("--gpu", "gpu_name", help="GPU family (h100, a100, interpreter, ...); default: the GPU here")
+db_option = click.option("--db", "db_url", help="SQLAlchemy URL [default: $AUTOFLASH_DB, else SQLite in "
+                                                "~/.local/share/autoflash]")
+shapes_option = click.option("--shapes", "shapes_file", type=click.Path(exists=True, dir_okay=False),
+                             help="problems file (YAML; see examples/shapes.yaml)")

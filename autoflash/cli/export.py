@@ -1,0 +1,38 @@
+"""autoflash export: chosen variants as a standalone package (torch + triton only)."""
+
+from pathlib import Path
+
+import click
+
+from autoflash.cli.common import db_option, gpu_option, problems_of, resolve_gpu, shapes_option
+
+
+@click.command()
+@gpu_option
+@shapes_option
+@db_option
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="package folder to write")
+def export(gpu_name, shapes_file, db_url, out_dir):
+    """Write the best variants (of SHAPES, or of every tuned problem) as a standalone Python package."""
+    from autoflash import gpu as gpus
+    from autoflash.dispatch import Dispatcher, shipped_urls, user_url
+    from autoflash.export import export as write_package
+
+    family = resolve_gpu(gpu_name)
+    try:
+        gpu = gpus.by_family(family)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    urls = [db_url] if db_url else [u for u in (user_url(), *shipped_urls()) if u]
+    dispatcher = Dispatcher(urls)
+    if shapes_file:
+        problems = problems_of(shapes_file)
+    else:
+        problems = list(dict.fromkeys(r.problem for _, records in dispatcher.sources(family) for r in records))
+        if not problems:
+            raise click.ClickException(f"nothing tuned for GPU family '{family}' in {urls}; pass --shapes")
+    choices = {p: dispatcher.choice(p, gpu) for p in problems}
+    out = write_package(choices, Path(out_dir), family)
+    tuned = sum(1 for c in choices.values() if c.tuned)
+    click.echo(f"wrote {out}: {len(choices)} problem(s), {tuned} from tuning records, "
+               f"{len(set(c.knobs for c in choices.values()))} variant(s)")

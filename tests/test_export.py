@@ -1,0 +1,56 @@
+"""Export: a package from an --interpret-tuned database runs where autoflash cannot be imported."""
+
+import subprocess
+import sys
+import textwrap
+
+from click.testing import CliRunner
+
+from autoflash.cli import main
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    sys.modules["autoflash"] = None  # the export must not need autoflash
+    import math, torch
+    sys.path.insert(0, sys.argv[1])
+    from exported import attention, PROBLEMS
+    assert len(PROBLEMS) == 2
+    gen = torch.Generator().manual_seed(7)
+    for causal in (False, True):
+        q = torch.randn(1, 2, 40, 32, generator=gen).half()
+        k, v = (torch.randn(1, 1, 33, 32, generator=gen).half() for _ in range(2))
+        out = attention(q, k, v, causal=causal)
+        kk, vv = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
+        s = q.double() @ kk.transpose(-1, -2) / math.sqrt(32)
+        if causal:
+            s = s.masked_fill(torch.arange(33)[None, :] > torch.arange(40)[:, None] + (33 - 40), float("-inf"))
+        ref = torch.nan_to_num(torch.softmax(s, -1)) @ vv
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 2e-3, err
+    try:
+        attention(torch.randn(1, 2, 41, 32).half(), k, v)
+    except ValueError as e:
+        assert "export it with autoflash export --shapes" in str(e)
+    else:
+        raise AssertionError("a problem that was not exported must be refused")
+    print("exported ok")
+""")
+
+
+def test_export_runs_without_autoflash(tmp_path):
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text("problems:\n  - {batch: 1, heads_q: 2, heads_kv: 1, seqlen_q: 40, seqlen_k: 33, head_dim: 32,"
+                      " causal: [false, true]}\n")
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    runner = CliRunner()
+    tuned = runner.invoke(main, ["tune", "--interpret", "--shapes", str(shapes), "--trials", "2", "--db", url])
+    assert tuned.exit_code == 0, tuned.output
+    shown = runner.invoke(main, ["show", "--gpu", "interpreter", "--db", url])
+    assert shown.exit_code == 0 and "b1 h2/1 s40/33 d32 causal fp16" in shown.output, shown.output
+    exported = runner.invoke(main, ["export", "--gpu", "interpreter", "--db", url, "--out", str(tmp_path / "exported")])
+    assert exported.exit_code == 0 and "2 from tuning records" in exported.output, exported.output
+    header = next((tmp_path / "exported").glob("variant_*.py")).read_text()
+    assert "knobs:" in header and "fingerprint:" in header and "measured:" in header and "TFLOP/s" in header
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert done.returncode == 0 and "exported ok" in done.stdout, done.stderr
