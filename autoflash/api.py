@@ -35,21 +35,58 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
         out, shaped and laid out like q; with return_lse, (out, lse) where lse is float32
         (batch, heads_q, seqlen_q), natural log.
     """
-    q, k, v = _checked(q, k, v)
+    try:
+        key = _call_key(q, k, v, causal, softmax_scale)
+        run = _plans.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan says what is wrong
+        key, run = None, None
+    if run is None:
+        run = _plan(q, k, v, causal, softmax_scale)
+        if key is not None:
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = run
+    return run(q, k, v, return_lse)
+
+
+# The hot path: a call whose shapes, strides, dtypes, devices, alignment and arguments were seen
+# before runs its plan (checked inputs, chosen kernel, scale) without checking or choosing again.
+_plans: dict = {}
+_MAX_PLANS = 4096
+
+
+def _call_key(q, k, v, causal, softmax_scale) -> tuple:
+    aligned = (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, aligned, type(causal), causal, type(softmax_scale), softmax_scale)
+
+
+def _plan(q, k, v, causal, softmax_scale):
+    """Check the inputs and choose the kernel once; return what runs every such call."""
+    q_checked, k_checked, v_checked = _checked(q, k, v)
+    copies = tuple(t.stride(-1) != 1 for t in (q, k, v))
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     scale = _scale(softmax_scale, q.shape[-1])
-    if q.requires_grad or k.requires_grad or v.requires_grad:
-        if torch.is_grad_enabled():
+    forward = None
+    if q.numel():
+        problem = Problem.from_tensors(q_checked, k_checked, causal)
+        out = torch.empty_like(q_checked)
+        knobs = _choice_for(problem, gpus.current(q.device), _tma_aligned(q_checked, k_checked, v_checked, out)).knobs
+        forward = codegen.load(knobs).forward
+
+    def run(q, k, v, return_lse):
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
             raise NotImplementedError("autoflash.attention has no backward pass yet: call it under "
                                       "torch.no_grad() or pass tensors that do not require grad")
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-    if q.numel():
-        problem = Problem.from_tensors(q, k, causal)
-        knobs = _choice_for(problem, gpus.current(q.device), _tma_aligned(q, k, v, out)).knobs
-        codegen.load(knobs).forward(q, k, v, out, lse, scale, causal)
-    return (out, lse) if return_lse else out
+        if any(copies):
+            q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+        if forward is not None:
+            forward(q, k, v, out, lse, scale, causal)
+        return (out, lse) if return_lse else out
+    return run
 
 
 DISPATCHER = Dispatcher()

@@ -8,7 +8,7 @@ import autoflash
 from autoflash import api, codegen, dispatch
 from autoflash.db.store import Store
 from autoflash.dispatch import Dispatcher
-from autoflash.gpu import Gpu, INTERPRETER
+from autoflash.gpu import Gpu, current
 from autoflash.knobs import FwdKnobs
 from autoflash.problem import Problem
 from conftest import DEVICE
@@ -80,11 +80,12 @@ def test_attention_reads_each_database_once_and_uses_the_tuned_variant(tmp_path,
     q, k, v = make_qkv(1, 2, 2, 40, 40, 32, __import__("torch").float16, DEVICE, seed=5)
     problem = Problem.from_tensors(q, k, True)
     tuned = FwdKnobs(block_m=64, block_n=16, num_warps=2, num_stages=2, exp="exp")
-    record(Store(url), INTERPRETER, problem, tuned, 2.0)
+    record(Store(url), current(q.device), problem, tuned, 2.0)
     reads = []
     real_read = dispatch.read_records
     monkeypatch.setattr(dispatch, "read_records", lambda u, f: reads.append(u) or real_read(u, f))
     monkeypatch.setattr(api, "DISPATCHER", Dispatcher([url]))
+    monkeypatch.setattr(api, "_plans", {})
     api._choice_for.cache_clear()
     try:
         for _ in range(3):
