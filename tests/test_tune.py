@@ -1,15 +1,17 @@
 """The tuner end to end under Triton's interpreter: trials recorded, failures classified, resumes, concurrency."""
 
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from autoflash import codegen
 from autoflash.cli import main
 from autoflash.db.models import SchemaVersion
 from autoflash.db.store import SchemaMismatch, Store
@@ -42,7 +44,7 @@ def test_cli_tunes_and_records_every_trial(tmp_path):
     assert "b1 h2/1 s40/33 d32 causal fp16" in result.output and "vs SDPA" in result.output
     store = Store(url)
     assert store.count_trials() == 8 and store.count_trials("ok") == 8
-    best = store.best("interpreter", __import__("autoflash.codegen").codegen.template_fingerprint())
+    best = store.best("interpreter", codegen.template_fingerprint())
     assert len(best) == 2 and all(trial.median_ms > 0 and trial.tflops > 0 for _, _, trial in best)
 
 
@@ -97,7 +99,6 @@ def test_interrupted_run_resumes_without_redoing_trials(tmp_path):
     subprocess.run(args, check=True, capture_output=True, timeout=600)
     store = Store(url)
     assert store.count_trials() == 10, "the second run should add only the missing trials"
-    from autoflash import codegen
     assert len(store.finished("interpreter", TINY, codegen.template_fingerprint())) == 10
 
 
@@ -118,8 +119,6 @@ def test_two_processes_on_one_sqlite_file_lose_no_rows(tmp_path):
 def test_database_of_another_schema_version_is_refused(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     store = Store(url)
-    from sqlalchemy import update
-    from sqlalchemy.orm import Session
     with Session(store.engine) as s:
         s.execute(update(SchemaVersion).values(version=99))
         s.commit()
