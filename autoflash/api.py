@@ -56,15 +56,17 @@ _MAX_PLANS = 4096
 
 
 def _call_key(q, k, v, causal, softmax_scale) -> tuple:
-    aligned = (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0
+    # get_device() (an int) is cheaper than .device; a CPU tensor gives -1.
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, aligned, type(causal), causal, type(softmax_scale), softmax_scale)
+            q.get_device(), k.get_device(), v.get_device(), (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
+            causal.__class__, causal, softmax_scale.__class__, softmax_scale)
 
 
 def _plan(q, k, v, causal, softmax_scale):
     """Check the inputs and choose the kernel once; return what runs every such call."""
     q_checked, k_checked, v_checked = _checked(q, k, v)
     copies = tuple(t.stride(-1) != 1 for t in (q, k, v))
+    needs_copy = any(copies)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     scale = _scale(softmax_scale, q.shape[-1])
@@ -79,7 +81,7 @@ def _plan(q, k, v, causal, softmax_scale):
         if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
             raise NotImplementedError("autoflash.attention has no backward pass yet: call it under "
                                       "torch.no_grad() or pass tensors that do not require grad")
-        if any(copies):
+        if needs_copy:
             q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
