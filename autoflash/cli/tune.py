@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from autoflash.cli.common import db_option, open_store, problems_of
 from autoflash.tune.search import SAMPLERS
 
 
@@ -15,7 +16,7 @@ from autoflash.tune.search import SAMPLERS
 @click.option("--trials", type=click.IntRange(min=1),
               help="evaluated variants per problem, earlier runs included [default: 60; grid: all]")
 @click.option("--time-budget", type=click.FloatRange(min=0), help="seconds per problem, at most")
-@click.option("--db", "db_url", help="SQLAlchemy URL [default: $AUTOFLASH_DB or SQLite in ~/.local/share/autoflash]")
+@db_option
 @click.option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True)
 @click.option("--seed", type=int, help="sampler seed, for repeatable searches")
 @click.option("--trial-timeout", type=click.FloatRange(min=1), default=180, show_default=True,
@@ -28,16 +29,10 @@ def tune(shapes_file, gpu_name, trials, time_budget, db_url, sampler, seed, tria
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
     from autoflash import gpu as gpus
-    from autoflash.db.store import SchemaMismatch, Store
-    from autoflash.shapes import ShapesError, load_problems
     from autoflash.tune.runner import Runner
     from autoflash.tune.tuner import tune_problem
 
-    try:
-        problems = load_problems(shapes_file)
-        store = Store(db_url)
-    except (ShapesError, SchemaMismatch) as e:
-        raise click.ClickException(str(e)) from e
+    problems, store = problems_of(shapes_file), open_store(db_url)
     here = gpus.current()
     if here.family == "interpreter" and not interpret:
         raise click.ClickException("no CUDA GPU here: pass --interpret to tune in Triton's interpreter")
