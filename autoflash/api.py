@@ -111,7 +111,7 @@ def explain(q, k, v, *, causal=False) -> str:
 
 @lru_cache(maxsize=4096)
 def _choice_for(problem: Problem, gpu: Gpu, tma_aligned: bool) -> Choice:
-    """Memoised per problem: after the first call nothing but this dictionary lookup runs."""
+    """The dispatch choice, memoised per problem (and the plan of each call signature sits above it)."""
     choice = DISPATCHER.choice(problem, gpu)
     if choice.knobs.loads == "tma" and not tma_aligned:
         choice = replace(choice, knobs=replace(choice.knobs, loads="pointer"),
