@@ -80,14 +80,11 @@ class Bench:
                                              v[b:b + 1, h // group:h // group + 1], self.problem.causal, self.scale)
         return refs
 
-    def _forward(self, knobs: FwdKnobs):
-        return self.load(knobs).forward
-
     def compile(self, knobs: FwdKnobs) -> Outcome:
         """Render, compile and run once: Triton's disk cache then serves the measuring process."""
         try:
             q, k, v = self.sets[0]
-            self._forward(knobs)(q, k, v, self.out, self.lse, self.scale, self.problem.causal)
+            self.load(knobs).forward(q, k, v, self.out, self.lse, self.scale, self.problem.causal)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             return Outcome("ok")
@@ -96,7 +93,7 @@ class Bench:
 
     def measure(self, knobs: FwdKnobs) -> Outcome:
         try:
-            forward = self._forward(knobs)
+            forward = self.load(knobs).forward
             q, k, v = self.sets[0]
             self.out.fill_(float("nan"))
             self.lse.fill_(float("nan"))

@@ -50,11 +50,10 @@ def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, count: int = 3) -> l
 
 
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, sampler: str = "tpe",
-                 n_trials: int = 60, time_budget: float | None = None, seed: int | None = None, study_suffix: str = "", resume: bool = True, on_trial: Callable[[FwdKnobs, float | None], None] = lambda k, v: None,
-                 ) -> Report:
-    """Search variants for `problem` and record every trial. With `resume`, trials already in the
-    store count toward `n_trials`; without it (search experiments) the study starts empty, though
-    a variant timed before is still answered from the store."""
+                 n_trials: int = 60, time_budget: float | None = None, seed: int | None = None,
+                 on_trial: Callable[[FwdKnobs, float | None], None] = lambda k, v: None) -> Report:
+    """Search variants for `problem` and record every trial. Trials already in the store count
+    toward `n_trials` (a second run resumes) and are never timed again."""
     started = time.monotonic()
     fingerprint = codegen.template_fingerprint()
     done = store.finished(gpu.family, problem, fingerprint)
@@ -77,9 +76,9 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, sa
     warm = [default_knobs(problem, gpu), *nearest_tuned(store, gpu, problem)]
     known = [(FwdKnobs.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
     search(restricted_space(FwdKnobs.search_space(), is_valid), evaluate,
-           study_name=study_name(gpu, problem) + study_suffix, storage=store.optuna_storage(), sampler=sampler,
+           study_name=study_name(gpu, problem), storage=store.optuna_storage(), sampler=sampler,
            seed=seed, n_trials=n_trials, time_budget=time_budget, warm_start=[k.as_point() for k in warm],
-           is_valid=is_valid, batch_size=max(4, len(runner.compilers)), known=known if resume else (),
+           is_valid=is_valid, batch_size=max(4, len(runner.compilers)), known=known,
            on_trial=lambda p, v: on_trial(FwdKnobs(**p), v))
     sdpa_ms = runner.sdpa_ms(problem)
     if sdpa_ms is not None:
