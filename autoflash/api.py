@@ -1,4 +1,8 @@
-"""The public entry point: `attention(q, k, v, causal=..., softmax_scale=..., return_lse=...)`."""
+"""The public entry point: `attention(q, k, v, causal=..., softmax_scale=..., return_lse=...)`.
+
+jit kernels (rendered from templates/) -> their launchers (`forward`, `backward` of a variant's
+module) -> `_Attention`, an autograd.Function -> `attention`, which checks inputs and chooses the
+variants once per call signature."""
 
 import math
 from dataclasses import replace
@@ -14,8 +18,11 @@ from autoflash.problem import DTYPES, Problem
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
-def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
+def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, deterministic=False):
     """Scaled dot-product attention, softmax(q kᵀ · softmax_scale) v, by a generated FlashAttention kernel.
+
+    Differentiable: when q, k or v requires grad, the forward keeps the log-sum-exp (not the
+    probabilities) and the backward kernels recompute P from it (FlashAttention-2).
 
     Args:
         q: (batch, heads_q, seqlen_q, head_dim), as in torch's scaled_dot_product_attention.
@@ -29,19 +36,21 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
             key j when j <= i + seqlen_k - seqlen_q. With seqlen_q > seqlen_k the first
             seqlen_q - seqlen_k queries see no key: their output is 0 and their lse is -inf.
         softmax_scale: scale of the scores; default 1 / sqrt(head_dim).
-        return_lse: also return the log-sum-exp of the scaled scores.
+        return_lse: also return the log-sum-exp of the scaled scores (differentiable too).
+        deterministic: the backward computes dQ in its own pass instead of with atomics, so that
+            gradients are bitwise the same on every run.
 
     Returns:
         out, shaped and laid out like q; with return_lse, (out, lse) where lse is float32
         (batch, heads_q, seqlen_q), natural log.
     """
     try:
-        key = _call_key(q, k, v, causal, softmax_scale)
+        key = _call_key(q, k, v, causal, softmax_scale, deterministic)
         run = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan says what is wrong
         key, run = None, None
     if run is None:
-        run = _plan(q, k, v, causal, softmax_scale)
+        run = _plan(q, k, v, causal, softmax_scale, deterministic)
         if key is not None:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
@@ -50,39 +59,43 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
 
 
 # The hot path: a call whose shapes, strides, dtypes, devices, alignment and arguments were seen
-# before runs its plan (checked inputs, chosen kernel, scale) without checking or choosing again.
+# before runs its plan (checked inputs, chosen kernels, scale) without checking or choosing again.
 _plans: dict = {}
 _MAX_PLANS = 4096
 
 
-def _call_key(q, k, v, causal, softmax_scale) -> tuple:
+def _call_key(q, k, v, causal, softmax_scale, deterministic) -> tuple:
     # get_device() (an int) is cheaper than .device; a CPU tensor gives -1.
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
             q.get_device(), k.get_device(), v.get_device(), (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
-            causal.__class__, causal, softmax_scale.__class__, softmax_scale)
+            causal.__class__, causal, softmax_scale.__class__, softmax_scale, deterministic.__class__, deterministic)
 
 
-def _plan(q, k, v, causal, softmax_scale):
-    """Check the inputs and choose the kernel once; return what runs every such call."""
+def _plan(q, k, v, causal, softmax_scale, deterministic):
+    """Check the inputs and choose the forward kernel once (the backward's at the first backward);
+    return what runs every such call."""
     q_checked, k_checked, v_checked = _checked(q, k, v)
     copies = tuple(t.stride(-1) != 1 for t in (q, k, v))
     needs_copy = any(copies)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
+    for name, flag in (("causal", causal), ("deterministic", deterministic)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     scale = _scale(softmax_scale, q.shape[-1])
-    forward = None
+    forward = backward = None
     if q.numel():
         problem = Problem.from_tensors(q_checked, k_checked, causal)
+        gpu = gpus.current(q.device)
         out = torch.empty_like(q_checked)
-        knobs = _choice_for(problem, gpus.current(q.device), _tma_aligned(q_checked, k_checked, v_checked, out)).knobs
+        knobs = _choice_for(problem, gpu, _tma_aligned(q_checked, k_checked, v_checked, out)).knobs
         forward = codegen.load(knobs).forward
+        backward = _lazy_backward(problem, gpu, deterministic)
 
     def run(q, k, v, return_lse):
-        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
-            raise NotImplementedError("autoflash.attention has no backward pass yet: call it under "
-                                      "torch.no_grad() or pass tensors that do not require grad")
         if needs_copy:
             q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+            out, lse = _Attention.apply(q, k, v, forward, backward, scale, causal)
+            return (out, lse) if return_lse else out
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
         if forward is not None:
@@ -91,31 +104,75 @@ def _plan(q, k, v, causal, softmax_scale):
     return run
 
 
+def _lazy_backward(problem: Problem, gpu: Gpu, deterministic: bool):
+    """The backward launcher of the variant dispatch picks, chosen and loaded at its first call: a
+    caller that never backpropagates never reads the backward's records or compiles its kernels."""
+    loaded = []
+
+    def backward(*args):
+        if not loaded:
+            loaded.append(codegen.load(_choice_for(problem, gpu, False, "bwd", deterministic).knobs).backward)
+        return loaded[0](*args)
+    return backward
+
+
+class _Attention(torch.autograd.Function):
+    """Forward and backward launches of one call signature's variants; saves q, k, v, out and lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, forward, backward, scale, causal):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        if forward is not None:
+            forward(q, k, v, out, lse, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.launch_backward, ctx.scale, ctx.causal = backward, scale, causal
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if ctx.launch_backward is None:  # no query rows: nothing flows back
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
+        dlse = None if dlse is None else dlse.contiguous()
+        ctx.launch_backward(q, k, v, out, lse, dout, dq, dk, dv, ctx.scale, ctx.causal, dlse)
+        return dq, dk, dv, None, None, None, None
+
+
 DISPATCHER = Dispatcher()
 
 
-def explain(q, k, v, *, causal=False) -> str:
-    """Which variant `attention(q, k, v, causal=causal)` runs, where it comes from and why."""
+def explain(q, k, v, *, causal=False, deterministic=False) -> str:
+    """Which forward and backward variants `attention(q, k, v, causal=causal)` runs, where they come
+    from and why. Lines of the backward start with 'bwd', those of the forward with 'fwd'."""
     q, k, v = _checked(q, k, v)
     problem = Problem.from_tensors(q, k, causal)
     gpu = gpus.current(q.device)
-    choice = _choice_for(problem, gpu, _tma_aligned(q, k, v))
-    lines = [f"problem: {problem.label()} ({problem.key()})", f"gpu:     {gpu.name} (family {gpu.family})",
-             f"source:  {choice.source}", f"why:     {choice.reason}"]
-    if choice.tuned:
-        lines.append(f"tuned:   {choice.tuned.problem.label()} at {choice.tuned.median_ms:.4f} ms, "
-                     f"{choice.tuned.tflops:.1f} TFLOP/s")
-    lines.append(f"knobs:   {choice.knobs.to_json()}")
+    lines = [f"problem:     {problem.label()} ({problem.key()})", f"gpu:         {gpu.name} (family {gpu.family})"]
+    for direction in ("fwd", "bwd"):
+        choice = _choice_for(problem, gpu, _tma_aligned(q, k, v), direction, deterministic)
+        lines += [f"{direction} source:  {choice.source}", f"{direction} why:     {choice.reason}"]
+        if choice.tuned:
+            lines.append(f"{direction} tuned:   {choice.tuned.problem.label()} at {choice.tuned.median_ms:.4f} ms, "
+                         f"{choice.tuned.tflops:.1f} TFLOP/s")
+        lines.append(f"{direction} knobs:   {choice.knobs.to_json()}")
     return "\n".join(lines)
 
 
 @lru_cache(maxsize=4096)
-def _choice_for(problem: Problem, gpu: Gpu, tma_aligned: bool) -> Choice:
+def _choice_for(problem: Problem, gpu: Gpu, tma_aligned: bool, direction: str = "fwd",
+                deterministic: bool = False) -> Choice:
     """The dispatch choice, memoised per problem (and the plan of each call signature sits above it)."""
-    choice = DISPATCHER.choice(problem, gpu)
-    if choice.knobs.loads == "tma" and not tma_aligned:
+    choice = DISPATCHER.choice(problem, gpu, direction)
+    if direction == "fwd" and choice.knobs.loads == "tma" and not tma_aligned:
         choice = replace(choice, knobs=replace(choice.knobs, loads="pointer"),
                          reason=choice.reason + "; TMA needs 16-byte aligned strides: pointer loads instead")
+    if direction == "bwd" and deterministic and choice.knobs.dq == "atomic":
+        choice = replace(choice, knobs=replace(choice.knobs, dq="separate"),
+                         reason=choice.reason + "; deterministic=True: dQ in its own pass instead of atomics")
     return choice
 
 

@@ -1,58 +1,81 @@
 """autoflash beside PyTorch SDPA's backends, timed in one run on the same inputs.
 
-TFLOP/s use the FlashAttention-paper count (causal = half of full for square problems).
+TFLOP/s use the FlashAttention-paper count (causal = half of full for square problems; the
+backward counts 2.5 x the forward and is timed alone, after a forward whose graph is kept).
 """
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
-from torch.nn.functional import scaled_dot_product_attention
 
 import autoflash
 from autoflash.problem import Problem
-from autoflash.tune.timing import input_sets, median_ms
+from autoflash.reference import sdpa_attention
+from autoflash.tune.timing import backward_ms, input_sets, median_ms
 
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
-def _inputs(p: Problem, device, seed: int):
+def _inputs(p: Problem, device, seed: int, direction: str):
     gen = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim, device=device, dtype=p.torch_dtype, generator=gen)
     k, v = (torch.randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, device=device, dtype=p.torch_dtype,
                         generator=gen) for _ in range(2))
-    return q, k, v
+    if direction == "fwd":
+        return q, k, v
+    return q, k, v, torch.randn(q.shape, device=device, dtype=p.torch_dtype, generator=gen)
 
 
 def _sdpa(backend, p: Problem):
-    mask = dict(attn_mask=causal_lower_right(p.seqlen_q, p.seqlen_k)) if p.causal and p.seqlen_q != p.seqlen_k \
-        else dict(is_causal=p.causal)
-
     def run(q, k, v):
         with sdpa_kernel(backend):
-            return scaled_dot_product_attention(q, k, v, enable_gqa=p.heads_q != p.heads_kv, **mask)
+            return sdpa_attention(q, k, v, p.causal)
     return run
 
 
-def bench_problem(p: Problem, device: torch.device) -> list[dict]:
-    """One row per implementation: backend, ms and TFLOP/s, or the error that stopped it."""
+def bench_problem(p: Problem, device: torch.device, direction: str = "fwd") -> list[dict]:
+    """One row per implementation: backend, ms and TFLOP/s of the forward (or of the backward alone),
+    or the error that stopped it."""
     per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
-    sets = [_inputs(p, device, seed) for seed in range(input_sets(per_set, device))]
+    sets = [_inputs(p, device, seed, direction)
+            for seed in range(input_sets(per_set * (2 if direction == "bwd" else 1), device))]
     implementations = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal)}
     implementations.update({name: _sdpa(backend, p) for name, backend in SDPA_BACKENDS.items()})
     rows = []
     for name, fn in implementations.items():
         try:
-            ms = median_ms(lambda i: fn(*sets[i]), len(sets), device)
-            rows.append(dict(backend=name, ms=ms, tflops=p.fwd_flops() / ms * 1e-9))
+            ms = median_ms(lambda i: fn(*sets[i]), len(sets), device) if direction == "fwd" \
+                else backward_ms(fn, sets, device)
+            rows.append(dict(backend=name, direction=direction, ms=ms, tflops=p.flops(direction) / ms * 1e-9))
         except Exception as e:  # a backend that refuses the shape is recorded, not fatal
-            rows.append(dict(backend=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
-    q, k, _ = sets[0]
-    rows[0]["explain"] = autoflash.explain(q, k, sets[0][2], causal=p.causal)
+            rows.append(dict(backend=name, direction=direction,
+                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+        torch.cuda.empty_cache()
+    q, k, v = sets[0][:3]
+    rows[0]["explain"] = autoflash.explain(q, k, v, causal=p.causal)
     return rows
 
 
-def plot(results: list[tuple[Problem, list[dict]]], path: str) -> None:
+def precompile(problems: list[Problem], direction: str, workers: int) -> None:
+    """Run each problem's kernels once in `workers` processes at a time, so that the timed run finds
+    them compiled in Triton's disk cache instead of compiling one after another."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.starmap(_run_once, [(p, direction) for p in problems])
+
+
+def _run_once(p: Problem, direction: str) -> None:
+    inputs = _inputs(p, torch.device("cuda"), 0, direction)
+    if direction == "fwd":
+        autoflash.attention(*inputs, causal=p.causal)
+    else:
+        q, k, v, dout = inputs
+        autoflash.attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), causal=p.causal).backward(dout)
+    torch.cuda.synchronize()
+
+
+def plot(results: list[tuple[Problem, list[dict]]], path: str, direction: str = "fwd") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,7 +89,7 @@ def plot(results: list[tuple[Problem, list[dict]]], path: str) -> None:
         ax.bar([x + i * width for x in range(len(results))], values, width, label=name)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(results))])
     ax.set_xticklabels([p.label() for p, _ in results], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("TFLOP/s (forward)")
+    ax.set_ylabel(f"TFLOP/s ({'forward' if direction == 'fwd' else 'backward'})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -18,7 +18,7 @@ import jinja2
 import triton
 
 import autoflash
-from autoflash.knobs import FwdKnobs
+from autoflash.knobs import Knobs
 from autoflash.resources import data_dir
 
 _env = jinja2.Environment(
@@ -30,34 +30,34 @@ _env = jinja2.Environment(
 )
 
 
-def template_name(knobs: FwdKnobs) -> str:
-    return f"attn_fwd_{knobs.loop_order}.py.jinja"
-
-
 @lru_cache(maxsize=None)
-def template_fingerprint() -> str:
-    """Hash of every kernel template (templates/*.jinja; export/ holds none): records from other
-    template text are never used."""
+def template_fingerprint(direction: str = "fwd") -> str:
+    """Hash of the templates one direction's kernels are rendered from (the shared `_*.jinja` parts
+    and `attn_<direction>_*.jinja`; export/ holds none): records from other template text are never used."""
     digest = hashlib.sha256()
     for path in sorted(data_dir("templates").glob("*.jinja")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        if path.name.startswith(("_", f"attn_{direction}")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
-def render_template(name: str, **context) -> str:
+def render_template(name: str, direction: str = "fwd", **context) -> str:
     """Render `templates/<name>` with the versions and the fingerprint in its context."""
-    return _env.get_template(name).render(FINGERPRINT=template_fingerprint(), AUTOFLASH_VERSION=autoflash.__version__,
-                                          TRITON_VERSION=triton.__version__, **context)
+    return _env.get_template(name).render(FINGERPRINT=template_fingerprint(direction),
+                                          AUTOFLASH_VERSION=autoflash.__version__, TRITON_VERSION=triton.__version__,
+                                          **context)
 
 
-def render(knobs: FwdKnobs, extra_header: tuple[str, ...] = ()) -> str:
-    """Python source of the variant: its kernels and a `forward(q, k, v, out, lse, softmax_scale, causal)`."""
-    return render_template(template_name(knobs), TEMPLATE=template_name(knobs), KNOBS_JSON=knobs.to_json(),
+def render(knobs: Knobs, extra_header: tuple[str, ...] = ()) -> str:
+    """Python source of the variant: its kernels and their launcher, `forward(q, k, v, out, lse,
+    softmax_scale, causal)` or `backward(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse)`."""
+    return render_template(knobs.template, knobs.DIRECTION, TEMPLATE=knobs.template, KNOBS_JSON=knobs.to_json(),
                            EXTRA_HEADER=extra_header, **knobs.template_context())
 
 
-def kernel_key(knobs: FwdKnobs) -> str:
-    text = "|".join((template_fingerprint(), knobs.to_json(), autoflash.__version__, triton.__version__))
+def kernel_key(knobs: Knobs) -> str:
+    text = "|".join((knobs.DIRECTION, template_fingerprint(knobs.DIRECTION), knobs.to_json(), autoflash.__version__,
+                     triton.__version__))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -72,7 +72,7 @@ _modules: dict[str, object] = {}
 _lock = threading.Lock()
 
 
-def load(knobs: FwdKnobs):
+def load(knobs: Knobs):
     """The imported module of a variant (rendered and written on first use, once per process)."""
     key = kernel_key(knobs)
     module = _modules.get(key)

@@ -1,7 +1,8 @@
-"""Heuristic default variants per GPU: what runs where nothing is tuned.
+"""Heuristic default variants per GPU and direction: what runs where nothing is tuned.
 
-The table is searched most specific first; the first row whose GPU family, compute capability,
-dtype and head dim match gives the knobs, which `fit` then shrinks to the problem at hand.
+The table is searched most specific first; the first row of the direction whose GPU family,
+compute capability, dtype and head dim match gives the knobs, which `fit` then shrinks to the
+problem at hand.
 """
 
 from dataclasses import replace
@@ -9,7 +10,7 @@ from dataclasses import replace
 import triton
 
 from autoflash.gpu import Gpu
-from autoflash.knobs import FwdKnobs, head_dim_pad, tma_violations, violations
+from autoflash.knobs import KNOBS, BwdKnobs, FwdKnobs, Knobs, head_dim_pad, tma_violations, violations
 from autoflash.problem import Problem
 
 HALF = ("float16", "bfloat16")
@@ -28,24 +29,29 @@ _TABLE = [
     ("*", (9, 0), HALF, 256, FwdKnobs(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma")),
     ("*", (8, 0), HALF, 128, FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=3)),
     ("*", (0, 0), ANY, 256, FwdKnobs(block_m=64, block_n=32, num_warps=4, num_stages=2)),
+    # Backward: FlashAttention-2's shape, 64 query rows streamed past 128 resident keys (a starting
+    # point; the shipped tuning_db holds the measured winners).
+    ("interpreter", (0, 0), ANY, 256, BwdKnobs(block_m=32, block_n=32, num_warps=4, num_stages=1)),
+    ("*", (9, 0), HALF, 128, BwdKnobs(block_m=64, block_n=128, num_warps=8, num_stages=2)),
+    ("*", (0, 0), ANY, 256, BwdKnobs(block_m=32, block_n=64, num_warps=4, num_stages=2)),
 ]
 
 
-def default_knobs(problem: Problem, gpu: Gpu) -> FwdKnobs:
+def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> Knobs:
     d = head_dim_pad(problem.head_dim)
     for family, capability, dtypes, max_head_dim, knobs in _TABLE:
-        if family in ("*", gpu.family) and gpu.capability >= capability and problem.dtype in dtypes \
-                and d <= max_head_dim:
+        if isinstance(knobs, KNOBS[direction]) and family in ("*", gpu.family) and gpu.capability >= capability \
+                and problem.dtype in dtypes and d <= max_head_dim:
             return fit(knobs, problem, gpu)
-    raise LookupError(f"no default variant for {problem} on {gpu.name}")
+    raise LookupError(f"no default {direction} variant for {problem} on {gpu.name}")
 
 
-def fit(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs:
+def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
     """Shrink `knobs` until it is valid for `problem`: tiles no larger than the sequences, TMA only
     where it can run, then smaller tiles and fewer warps until registers and shared memory fit."""
     knobs = replace(knobs, block_m=min(knobs.block_m, max(16, triton.next_power_of_2(problem.seqlen_q))),
                     block_n=min(knobs.block_n, max(16, triton.next_power_of_2(problem.seqlen_k))))
-    if knobs.loads == "tma" and tma_violations(problem, gpu):
+    if isinstance(knobs, FwdKnobs) and knobs.loads == "tma" and tma_violations(problem, gpu):
         knobs = replace(knobs, loads="pointer")
     while violations(knobs, problem, gpu):
         if knobs.block_m * knobs.block_n < 128 * knobs.num_warps and knobs.num_warps > 2:

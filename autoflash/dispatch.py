@@ -1,5 +1,5 @@
-"""Problem -> the variant to run: the user's tuning database, then the one shipped in `tuning_db/`,
-then the heuristic default.
+"""Problem and direction (forward or backward) -> the variant to run: the user's tuning database,
+then the one shipped in `tuning_db/`, then the heuristic default.
 
 Within a source, the exact problem wins; failing that, the nearest tuned problem with the same
 dtype, head dim, causal flag and GQA ratio (lengths and batch x heads compared in log scale).
@@ -18,7 +18,7 @@ from pathlib import Path
 from autoflash import codegen
 from autoflash.defaults import default_knobs, fit
 from autoflash.gpu import Gpu
-from autoflash.knobs import FwdKnobs
+from autoflash.knobs import KNOBS, Knobs
 from autoflash.problem import Problem
 from autoflash.resources import data_dir
 
@@ -27,14 +27,14 @@ from autoflash.resources import data_dir
 class Record:
     """The best tuned variant of one problem in one source."""
     problem: Problem
-    knobs: FwdKnobs
+    knobs: Knobs
     median_ms: float
     tflops: float
 
 
 @dataclass(frozen=True)
 class Choice:
-    knobs: FwdKnobs
+    knobs: Knobs
     source: str  # a database URL, or "default"
     tuned: Record | None  # the record the knobs come from
     reason: str
@@ -59,16 +59,16 @@ def user_url() -> str | None:
     return None
 
 
-def read_records(url: str, family: str) -> list[Record]:
-    """Best records of `family` under the current templates in the database at `url` (one query)."""
+def read_records(url: str, family: str, direction: str = "fwd") -> list[Record]:
+    """Best `direction` records of `family` under the current templates in the database at `url` (one query)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from autoflash.db.store import SchemaMismatch, Store  # SQLAlchemy only once a database is read
 
     try:
         store = Store(url, readonly=True)
-        return [Record(problem, FwdKnobs.from_json(knobs), trial.median_ms, trial.tflops)
-                for problem, knobs, trial in store.best(family, codegen.template_fingerprint())]
+        return [Record(problem, KNOBS[direction].from_json(knobs), trial.median_ms, trial.tflops)
+                for problem, knobs, trial in store.best(family, codegen.template_fingerprint(direction), direction)]
     except (SchemaMismatch, SQLAlchemyError, ValueError) as e:
         warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
         return []
@@ -82,7 +82,7 @@ def distance(a: Problem, b: Problem) -> float | None:
         (a.seqlen_q, b.seqlen_q), (a.seqlen_k, b.seqlen_k), (a.batch * a.heads_q, b.batch * b.heads_q)))
 
 
-def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]]) -> Choice:
+def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], direction: str = "fwd") -> Choice:
     """Exact match, then nearest neighbour, source by source; then the default."""
     for url, records in sources:
         for record in records:
@@ -93,25 +93,25 @@ def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]]) 
         if near:
             d, record = min(near, key=lambda item: item[0])
             return Choice(record.knobs, url, record, f"nearest tuned problem (log2 distance {d:.2f})")
-    return Choice(default_knobs(problem, gpu), "default", None, "nothing comparable tuned: heuristic default")
+    return Choice(default_knobs(problem, gpu, direction), "default", None, "nothing comparable tuned: heuristic default")
 
 
 class Dispatcher:
-    """Reads each source once per GPU family, then answers from memory; thread-safe."""
+    """Reads each source once per GPU family and direction, then answers from memory; thread-safe."""
 
     def __init__(self, urls: list[str] | None = None):
         self._urls = urls
-        self._sources: dict[str, list[tuple[str, list[Record]]]] = {}
+        self._sources: dict[tuple[str, str], list[tuple[str, list[Record]]]] = {}
         self._lock = threading.Lock()
 
-    def sources(self, family: str) -> list[tuple[str, list[Record]]]:
+    def sources(self, family: str, direction: str = "fwd") -> list[tuple[str, list[Record]]]:
         with self._lock:
-            if family not in self._sources:
+            if (family, direction) not in self._sources:
                 urls = self._urls if self._urls is not None else [u for u in (user_url(), *shipped_urls()) if u]
-                self._sources[family] = [(url, read_records(url, family)) for url in urls]
-            return self._sources[family]
+                self._sources[family, direction] = [(url, read_records(url, family, direction)) for url in urls]
+            return self._sources[family, direction]
 
-    def choice(self, problem: Problem, gpu: Gpu) -> Choice:
-        """The tuned (or default) knobs for `problem`, fitted to it."""
-        chosen = choose(problem, gpu, self.sources(gpu.family))
+    def choice(self, problem: Problem, gpu: Gpu, direction: str = "fwd") -> Choice:
+        """The tuned (or default) `direction` knobs for `problem`, fitted to it."""
+        chosen = choose(problem, gpu, self.sources(gpu.family, direction), direction)
         return Choice(fit(chosen.knobs, problem, gpu), chosen.source, chosen.tuned, chosen.reason)

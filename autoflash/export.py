@@ -1,8 +1,8 @@
 """Export chosen variants as a standalone Python package that needs only torch and triton.
 
 The package holds one rendered kernel file per variant (its header names the knobs, the template
-fingerprint, the versions and the measured TFLOP/s) and an `__init__.py` with a lookup table and
-`attention(q, k, v, causal=False, softmax_scale=None)` for the exported problems.
+fingerprint, the versions and the measured TFLOP/s) and an `__init__.py` with a lookup table and a
+differentiable `attention(q, k, v, causal=False, softmax_scale=None)` for the exported problems.
 """
 
 from pathlib import Path
@@ -12,20 +12,24 @@ from autoflash.dispatch import Choice
 from autoflash.problem import Problem
 
 
-def export(choices: dict[Problem, Choice], out: Path, gpu_family: str) -> Path:
-    """Write the package to `out` (created; files of an earlier export there are replaced)."""
+def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str) -> Path:
+    """Write the package to `out` (created; files of an earlier export there are replaced).
+    `choices` maps each problem to its chosen variant per direction ("fwd", "bwd")."""
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for problem, choice in choices.items():
-        module = f"variant_{codegen.kernel_key(choice.knobs)}"
-        tflops = round(choice.tuned.tflops, 1) if choice.tuned and choice.tuned.problem == problem else None
-        header = (f"gpu family: {gpu_family}",
-                  f"chosen for: {problem.key()} ({choice.reason}; source {choice.source})",
-                  f"measured: {'not measured on this exact problem' if tflops is None else f'{tflops} TFLOP/s'}")
-        (out / f"{module}.py").write_text(codegen.render(choice.knobs, extra_header=header))
+    for problem, per_direction in choices.items():
+        variants = {}
+        for direction, choice in per_direction.items():
+            module = f"variant_{codegen.kernel_key(choice.knobs)}"
+            tflops = round(choice.tuned.tflops, 1) if choice.tuned and choice.tuned.problem == problem else None
+            header = (f"gpu family: {gpu_family}",
+                      f"chosen for: {problem.key()} {direction} ({choice.reason}; source {choice.source})",
+                      f"measured: {'not measured on this exact problem' if tflops is None else f'{tflops} TFLOP/s'}")
+            (out / f"{module}.py").write_text(codegen.render(choice.knobs, extra_header=header))
+            variants[direction] = (module, tflops)
         key = (problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k, problem.head_dim,
                problem.causal, problem.dtype)
-        rows.append(dict(key=repr(key), module=module, tflops=tflops))
+        rows.append(dict(key=repr(key), variants=repr(variants)))
     (out / "__init__.py").write_text(codegen.render_template(
-        "export/package.py.jinja", ROWS=rows, GPU=gpu_family))
+        "export/package.py.jinja", ROWS=rows, GPU=gpu_family, BWD_FINGERPRINT=codegen.template_fingerprint("bwd")))
     return out

@@ -1,6 +1,6 @@
-"""The knobs of a forward kernel variant, declared once.
+"""The knobs of a kernel variant, declared once: `FwdKnobs` for the forward, `BwdKnobs` for the backward.
 
-Everything else derives from `FwdKnobs`: the template context (`template_context`), the search
+Everything else derives from them: the template context (`template_context`), the search
 space (`search_space`), the database record and the export header (`to_json` / `from_json`),
 and the cache fingerprint. A new knob is one field here, one use in the template, one test.
 `violations` rejects combinations before anything compiles.
@@ -8,6 +8,7 @@ and the cache fingerprint. A new knob is one field here, one use in the template
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 import triton
 
@@ -22,30 +23,18 @@ def knob(default, choices, doc, searched=None):
                                             "searched": tuple(choices if searched is None else searched)})
 
 
-@dataclass(frozen=True)
-class FwdKnobs:
-    loop_order: str = knob("fa2", ("fa2", "fa1"),
-                           "fa2: Q tile outer, K/V inner, normalise once at the end (FA2 Alg. 1); "
-                           "fa1: K/V outer, Q inner, O/l/m rescaled and written back every step (FA1 Alg. 1), "
-                           "one program per (batch, head): a baseline, never searched",
-                           searched=("fa2",))
-    block_m: int = knob(128, (16, 32, 64, 128, 256), "query rows per tile")
-    block_n: int = knob(64, (16, 32, 64, 128, 256), "key rows per tile")
-    num_warps: int = knob(4, (2, 4, 8), "warps per program")
-    num_stages: int = knob(2, (1, 2, 3, 4, 5), "software-pipelining depth of the key loop", searched=(2, 3, 4))
-    exp: str = knob("exp2", ("exp2", "exp"), "exp2 with log2(e) folded into the scale, or exp")
-    causal_split: bool = knob(True, (True, False),
-                              "an unmasked loop over the key blocks every row sees whole, then a masked "
-                              "loop over the causal band and the ragged tail; False masks every block")
-    loads: str = knob("pointer", ("pointer", "tma"),
-                      "how tiles move: pointer tensors with masks, or TMA tensor descriptors (Hopper on); "
-                      "block pointers are not offered: Triton removed them after 3.6")
+class Knobs:
+    """What both directions' knob dataclasses share: validation against the declared choices, the
+    template context, JSON for the database, the search space. Subclasses are frozen dataclasses
+    whose every field is a `knob`."""
+
+    DIRECTION: ClassVar[str]
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
             if value not in f.metadata["choices"]:
-                raise ValueError(f"FwdKnobs.{f.name}={value!r} is not one of {f.metadata['choices']}")
+                raise ValueError(f"{type(self).__name__}.{f.name}={value!r} is not one of {f.metadata['choices']}")
 
     def template_context(self) -> dict:
         """Jinja context: each knob under its upper-case name (BLOCK_M, LOADS, ...)."""
@@ -55,7 +44,7 @@ class FwdKnobs:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "FwdKnobs":
+    def from_json(cls, text: str):
         data = json.loads(text)
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
@@ -81,26 +70,87 @@ class FwdKnobs:
         return {f.name: f.metadata["doc"] for f in fields(cls)}
 
 
+@dataclass(frozen=True)
+class FwdKnobs(Knobs):
+    DIRECTION: ClassVar[str] = "fwd"
+
+    loop_order: str = knob("fa2", ("fa2", "fa1"),
+                           "fa2: Q tile outer, K/V inner, normalise once at the end (FA2 Alg. 1); "
+                           "fa1: K/V outer, Q inner, O/l/m rescaled and written back every step (FA1 Alg. 1), "
+                           "one program per (batch, head): a baseline, never searched",
+                           searched=("fa2",))
+    block_m: int = knob(128, (16, 32, 64, 128, 256), "query rows per tile")
+    block_n: int = knob(64, (16, 32, 64, 128, 256), "key rows per tile")
+    num_warps: int = knob(4, (2, 4, 8), "warps per program")
+    num_stages: int = knob(2, (1, 2, 3, 4, 5), "software-pipelining depth of the key loop", searched=(2, 3, 4))
+    exp: str = knob("exp2", ("exp2", "exp"), "exp2 with log2(e) folded into the scale, or exp")
+    causal_split: bool = knob(True, (True, False),
+                              "an unmasked loop over the key blocks every row sees whole, then a masked "
+                              "loop over the causal band and the ragged tail; False masks every block")
+    loads: str = knob("pointer", ("pointer", "tma"),
+                      "how tiles move: pointer tensors with masks, or TMA tensor descriptors (Hopper on); "
+                      "block pointers are not offered: Triton removed them after 3.6")
+
+    @property
+    def template(self) -> str:
+        return f"attn_fwd_{self.loop_order}.py.jinja"
+
+
+@dataclass(frozen=True)
+class BwdKnobs(Knobs):
+    """The backward's three kernels (preprocess, dK/dV, dQ) share one tile: a dK/dV program holds
+    block_n keys and streams block_m query rows; the dQ pass holds block_n query rows and streams
+    block_m keys (the same tile, transposed)."""
+    DIRECTION: ClassVar[str] = "bwd"
+
+    block_m: int = knob(64, (16, 32, 64, 128), "rows streamed per step: query rows in dK/dV, key rows in dQ")
+    block_n: int = knob(128, (16, 32, 64, 128), "rows a program holds: key rows in dK/dV, query rows in dQ")
+    num_warps: int = knob(8, (2, 4, 8), "warps per program")
+    num_stages: int = knob(2, (1, 2, 3, 4, 5), "software-pipelining depth of the streamed loops",
+                           searched=(1, 2, 3, 4))
+    dq: str = knob("separate", ("separate", "atomic"),
+                   "separate: dQ in its own pass (deterministic); atomic: the dK/dV programs add dS K into "
+                   "an fp32 buffer with atomics (one pass fewer, not bitwise repeatable)")
+    causal_split: bool = knob(True, (True, False),
+                              "unmasked loops over the blocks that are whole and fully visible, masked loops "
+                              "over the causal band and the ragged tails; False masks every block")
+
+    @property
+    def template(self) -> str:
+        return "attn_bwd.py.jinja"
+
+
+KNOBS = {cls.DIRECTION: cls for cls in (FwdKnobs, BwdKnobs)}
+DIRECTIONS = tuple(KNOBS)
+
+
 def head_dim_pad(head_dim: int) -> int:
     """Tiles span the head dim padded to a power of two (tl.arange and tl.dot need one; at least 16)."""
     return max(16, triton.next_power_of_2(head_dim))
 
 
-# A thread's fp32 tiles (scores + output accumulator) beyond this spill out of the 255 registers.
-MAX_ACCUMULATOR_REGISTERS = 192
+# A thread's fp32 tiles beyond this spill out of the 255 registers.
+MAX_ACCUMULATOR_REGISTERS = {"fwd": 192, "bwd": 256}
 
 
-def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
-    """Estimate of a program's shared memory: the Q tile plus `num_stages` buffers of K and V tiles."""
+def shared_memory_bytes(knobs: Knobs, problem: Problem) -> int:
+    """Estimate of a program's shared memory: its resident tiles plus `num_stages` buffers of the streamed ones."""
     d, size = head_dim_pad(problem.head_dim), problem.element_size
+    if isinstance(knobs, BwdKnobs):
+        # K, V resident; Q, dO streamed (the dQ pass: the same, transposed); Pᵀ and dSᵀ staged for the MMAs.
+        # Measured (H100, d128, atomic dQ): 128x128 tiles, 2 stages need 263168 B, 128x64 (block_m x block_n),
+        # 3 stages 264192 B: this estimate gives 262144 and 262144.
+        return size * (d * (2 * knobs.block_n + knobs.num_stages * 2 * knobs.block_m) + 2 * knobs.block_m * knobs.block_n)
     if knobs.loop_order == "fa1":  # K/V resident, Q, O (fp32) streamed
         return size * 2 * knobs.block_n * d + knobs.num_stages * knobs.block_m * d * (size + 4)
     return size * (knobs.block_m * d + knobs.num_stages * 2 * knobs.block_n * d)
 
 
-def accumulator_registers(knobs: FwdKnobs, problem: Problem) -> int:
-    """fp32 registers per thread for the score tile and the output accumulator."""
+def accumulator_registers(knobs: Knobs, problem: Problem) -> int:
+    """fp32 registers per thread for the score tile(s) and the accumulators."""
     d = head_dim_pad(problem.head_dim)
+    if isinstance(knobs, BwdKnobs):  # Sᵀ and dPᵀ, dK and dV
+        return (2 * knobs.block_n * knobs.block_m + 2 * knobs.block_n * d) // (32 * knobs.num_warps)
     return (knobs.block_m * knobs.block_n + knobs.block_m * d) // (32 * knobs.num_warps)
 
 
@@ -113,13 +163,14 @@ def tma_violations(problem: Problem, gpu: Gpu) -> list[str]:
     return why
 
 
-def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
+def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot (or should not) run `problem` on `gpu`; empty when it can."""
     why = []
-    if knobs.loop_order == "fa1" and knobs.loads != "pointer":
-        why.append("fa1 is the paper's baseline loop order and loads through pointers only")
-    if knobs.loads == "tma":
-        why += tma_violations(problem, gpu)
+    if isinstance(knobs, FwdKnobs):
+        if knobs.loop_order == "fa1" and knobs.loads != "pointer":
+            why.append("fa1 is the paper's baseline loop order and loads through pointers only")
+        if knobs.loads == "tma":
+            why += tma_violations(problem, gpu)
     if knobs.block_m * knobs.block_n < 128 * knobs.num_warps:
         why.append(f"{knobs.block_m}x{knobs.block_n} tile is too small for {knobs.num_warps} warps")
     if knobs.block_m > max(16, triton.next_power_of_2(problem.seqlen_q)):
@@ -129,24 +180,29 @@ def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     smem = shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
-    regs = accumulator_registers(knobs, problem)
-    if regs > MAX_ACCUMULATOR_REGISTERS:
-        why.append(f"needs ~{regs} accumulator registers per thread (limit {MAX_ACCUMULATOR_REGISTERS})")
+    regs, limit = accumulator_registers(knobs, problem), MAX_ACCUMULATOR_REGISTERS[knobs.DIRECTION]
+    if regs > limit:
+        why.append(f"needs ~{regs} accumulator registers per thread (limit {limit})")
     return why
 
 
-def not_worth_timing(knobs: FwdKnobs, problem: Problem) -> list[str]:
+def not_worth_timing(knobs: Knobs, problem: Problem) -> list[str]:
     """Valid variants the tuner skips because they cannot win: tiles far smaller than the problem
     leave the tensor cores idle (Hopper's wgmma works on 64 rows a warpgroup), and warps that
-    share fewer than 16 query rows each duplicate work."""
+    share fewer than 16 rows of the tile's long side each duplicate work."""
     why = []
     rows, keys = triton.next_power_of_2(problem.seqlen_q), triton.next_power_of_2(problem.seqlen_k)
-    if knobs.block_m < min(64, rows):
+    # The tile side the MMA's rows run along: query rows forward, held key (or query) rows backward.
+    if isinstance(knobs, FwdKnobs):
+        small_m, small_n, mma_rows, extent = 64, 32, knobs.block_m, rows
+    else:
+        small_m, small_n, mma_rows, extent = 32, 64, knobs.block_n, min(rows, keys)
+    if knobs.block_m < min(small_m, rows):
         why.append(f"block_m {knobs.block_m} is far below seqlen_q {problem.seqlen_q}")
-    if knobs.block_n < min(32, keys):
+    if knobs.block_n < min(small_n, keys):
         why.append(f"block_n {knobs.block_n} is far below seqlen_k {problem.seqlen_k}")
-    if rows >= 16 * knobs.num_warps > knobs.block_m:
-        why.append(f"{knobs.num_warps} warps share {knobs.block_m} query rows")
+    if extent >= 16 * knobs.num_warps > mma_rows:
+        why.append(f"{knobs.num_warps} warps share {mma_rows} rows")
     return why
 
 
@@ -154,7 +210,7 @@ class InvalidKnobs(ValueError):
     pass
 
 
-def check(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> None:
+def check(knobs: Knobs, problem: Problem, gpu: Gpu) -> None:
     why = violations(knobs, problem, gpu)
     if why:
         raise InvalidKnobs(f"{knobs} cannot run {problem} on {gpu.family}: " + "; ".join(why))

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
+BWD_FLOP_RATIO = 2.5
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -52,6 +53,10 @@ class Problem:
             return self.seqlen_q * self.seqlen_k
         offset = self.seqlen_k - self.seqlen_q  # row i sees keys j <= i + offset
         return sum(max(0, min(self.seqlen_k, i + offset + 1)) for i in range(self.seqlen_q))
+
+    def flops(self, direction: str = "fwd") -> float:
+        """FLOPs of one pass: the backward counts 2.5 x the forward (five matmuls to the forward's two)."""
+        return self.fwd_flops() * (BWD_FLOP_RATIO if direction == "bwd" else 1.0)
 
     def fwd_flops(self) -> float:
         """FlashAttention-paper count: 4·b·h·sq·sk·d for full attention, the visible half for causal.

@@ -7,6 +7,9 @@ import torch
 # Largest ‖out − ref‖ / ‖ref‖ accepted from a kernel: the rounding of P and of the output to fp16
 # costs ~1e-3, to bf16 ~1e-2; fp32 kernels compute in fp32 throughout.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# Gradients add the rounding of dO, dP and dS (and sum over every row): twice the forward's, and more
+# for fp32, whose products on a GPU may still round operands.
+GRAD_TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3.2e-2}
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -21,7 +24,52 @@ def attention_reference(q, k, v, causal=False, softmax_scale=None, dtype=torch.f
     Returns (out, lse): out like q in `dtype`; lse (batch, heads_q, seqlen_q), natural log.
     Rows that see no key (bottom-right causal with seqlen_q > seqlen_k) give out 0 and lse -inf.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    probs, lse, v = _probabilities(q, k, v, causal, softmax_scale, dtype)
+    return torch.matmul(probs, v), lse
+
+
+def attention_backward_reference(q, k, v, dout, causal=False, softmax_scale=None, dlse=None, dtype=torch.float64):
+    """(dq, dk, dv) in `dtype`: the gradients of sum(out * dout) + sum(lse * dlse) for attention_reference's
+    (out, lse), by the explicit formulas (dS = P * (dP - rowsum(dO * O) + dlse)); GQA sums dk, dv over
+    the query heads of each KV head."""
+    scale = _scale(softmax_scale, q.shape[-1])
+    probs, _, v_rep = _probabilities(q, k, v, causal, softmax_scale, dtype)
+    q, dout = q.to(dtype), dout.to(dtype)
+    k_rep = k.to(dtype).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    delta = (dout * torch.matmul(probs, v_rep)).sum(-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.to(dtype)[..., None]
+    ds = probs * (torch.matmul(dout, v_rep.transpose(-1, -2)) - delta)
+    dq = torch.matmul(ds, k_rep) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q) * scale
+    dv = torch.matmul(probs.transpose(-1, -2), dout)
+
+    def per_kv_head(t):  # (batch, heads_q, seqlen_k, d) -> (batch, heads_kv, seqlen_k, d)
+        return t.unflatten(1, (k.shape[1], -1)).sum(2)
+    return dq, per_kv_head(dk), per_kv_head(dv)
+
+
+def sdpa_attention(q, k, v, causal=False):
+    """torch's scaled_dot_product_attention under autoflash's conventions (GQA, bottom-right causal),
+    with whichever backend the caller's `sdpa_kernel` context allows."""
+    from torch.nn.attention.bias import causal_lower_right
+    from torch.nn.functional import scaled_dot_product_attention
+
+    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+    if causal and seqlen_q != seqlen_k:  # is_causal aligns top-left; ours is bottom-right
+        mask = dict(attn_mask=causal_lower_right(seqlen_q, seqlen_k))
+    else:
+        mask = dict(is_causal=causal)
+    return scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1], **mask)
+
+
+def _scale(softmax_scale, head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+
+
+def _probabilities(q, k, v, causal, softmax_scale, dtype):
+    """(P, lse, v repeated per query head) in `dtype`."""
+    scale = _scale(softmax_scale, q.shape[-1])
     group = q.shape[1] // k.shape[1]
     q, k, v = (t.to(dtype) for t in (q, k, v))
     k = k.repeat_interleave(group, dim=1)
@@ -35,4 +83,4 @@ def attention_reference(q, k, v, causal=False, softmax_scale=None, dtype=torch.f
     lse = torch.logsumexp(scores, dim=-1)
     # A row that sees no key has lse -inf; clamping keeps exp(-inf - lse) at 0 instead of nan.
     probs = torch.exp(scores - lse[..., None].clamp(min=torch.finfo(dtype).min))
-    return torch.matmul(probs, v), lse
+    return probs, lse, v

@@ -46,13 +46,22 @@ def main():
     forward = codegen.load(knobs).forward
     scale = 64 ** -0.5
     bare = host_us(lambda: forward(q, k, v, out, None, scale, False))
+    # What a hand-written launcher does per call: allocate the output, then launch.
+    bare_alloc = host_us(lambda: forward(q, k, v, torch.empty_like(q), None, scale, False))
     full = host_us(lambda: autoflash.attention(q, k, v))
+    # The parts of attention's own work, timed alone.
+    parts = dict(call_key_us=host_us(lambda: api._call_key(q, k, v, False, None, False)),
+                 plan_lookup_us=host_us(lambda: api._plans.get(api._call_key(q, k, v, False, None, False))),
+                 empty_like_us=host_us(lambda: torch.empty_like(q)))
     row = dict(bench="overhead", attention_us=full, bare_launch_us=bare, overhead_us=full - bare,
+               bare_launch_with_output_us=bare_alloc, overhead_over_launch_with_output_us=full - bare_alloc, **parts,
                knobs=knobs.to_json(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, autoflash=autoflash.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command="python " + " ".join(sys.argv))
-    print(f"autoflash.attention {full:.2f} us/call, bare launch {bare:.2f} us/call, overhead {full - bare:.2f} us")
+    print(f"autoflash.attention {full:.2f} us/call, bare launch {bare:.2f} us/call (with output allocation "
+          f"{bare_alloc:.2f}), overhead {full - bare:.2f} us ({full - bare_alloc:.2f} over the launch with allocation); "
+          + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
     if args.out:
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")

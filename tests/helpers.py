@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from autoflash.reference import TOLERANCE, attention_reference, relative_error
+from autoflash.reference import GRAD_TOLERANCE, TOLERANCE, attention_backward_reference, attention_reference, relative_error
 
 # lse is computed in fp32 from rounded inputs' exact scores; it is off by rounding of the scores only.
 LSE_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -41,3 +41,25 @@ def assert_matches_reference(out, lse, q, k, v, causal, softmax_scale=None):
     lse_err = ((lse.double() - ref_lse)[finite].abs().max() / ref_lse[finite].abs().max().clamp(min=1)).item() \
         if finite.any() else 0.0
     assert lse_err < LSE_TOLERANCE[q.dtype], f"lse error {lse_err:.2e} > {LSE_TOLERANCE[q.dtype]:.0e}"
+
+
+def assert_gradients_match(q, k, v, causal, softmax_scale=None, with_lse=False, deterministic=False, seed=1):
+    """Backpropagate random dout (and dlse) through autoflash.attention; compare dq, dk, dv with the fp64
+    reference. Returns the gradients."""
+    import autoflash
+
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    out, lse = autoflash.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                                   deterministic=deterministic)
+    dout = torch.randn(out.shape, generator=gen).to(out)
+    dlse = torch.randn(lse.shape, generator=gen).to(lse) if with_lse else None
+    outputs, grads = ((out, lse), (dout, dlse)) if with_lse else ((out,), (dout,))
+    torch.autograd.backward(outputs, grads)
+    expected = attention_backward_reference(q.detach(), k.detach(), v.detach(), dout, causal, softmax_scale, dlse)
+    for name, t, ref in zip(("dq", "dk", "dv"), (q, k, v), expected):
+        assert t.grad is not None and not torch.isnan(t.grad).any(), f"{name} is missing or holds NaN"
+        assert t.grad.stride() == t.stride() or not t.is_contiguous(), f"{name} lost its layout"
+        err = relative_error(t.grad, ref)
+        assert err < GRAD_TOLERANCE[q.dtype], f"{name} relative error {err:.2e} > {GRAD_TOLERANCE[q.dtype]:.0e}"
+    return q.grad, k.grad, v.grad

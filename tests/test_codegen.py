@@ -5,20 +5,21 @@ import subprocess
 import sys
 
 from autoflash import codegen
-from autoflash.knobs import FwdKnobs
+from autoflash.knobs import KNOBS, BwdKnobs, FwdKnobs
 
 
 def all_knobs():
-    space = FwdKnobs.choices()
-    for values in itertools.product(*space.values()):
-        yield FwdKnobs(**dict(zip(space, values)))
+    for cls in KNOBS.values():
+        space = cls.choices()
+        for values in itertools.product(*space.values()):
+            yield cls(**dict(zip(space, values)))
 
 
 def test_every_combination_renders_valid_python():
     sources = set()
     for knobs in all_knobs():
         source = codegen.render(knobs)
-        compile(source, codegen.template_name(knobs), "exec")
+        compile(source, knobs.template, "exec")
         assert knobs.to_json() in source
         sources.add(source)
     assert len(sources) == len(list(all_knobs())), "two knob sets rendered the same source"
@@ -33,9 +34,9 @@ def test_rendering_is_deterministic_across_processes():
 
 
 def test_fingerprint_names_the_template_text(tmp_path, monkeypatch):
-    fingerprint = codegen.template_fingerprint()
-    assert len(fingerprint) == 16 and codegen.template_fingerprint() == fingerprint
-    assert fingerprint in codegen.render(FwdKnobs())
+    fingerprint, bwd = codegen.template_fingerprint(), codegen.template_fingerprint("bwd")
+    assert len(fingerprint) == 16 and codegen.template_fingerprint() == fingerprint and bwd != fingerprint
+    assert fingerprint in codegen.render(FwdKnobs()) and bwd in codegen.render(BwdKnobs())
     for path in codegen.data_dir("templates").glob("*.jinja"):
         (tmp_path / path.name).write_text(path.read_text())
     (tmp_path / "attn_fwd_fa2.py.jinja").write_text((tmp_path / "attn_fwd_fa2.py.jinja").read_text() + "\n# edit\n")
@@ -43,6 +44,10 @@ def test_fingerprint_names_the_template_text(tmp_path, monkeypatch):
     codegen.template_fingerprint.cache_clear()
     try:
         assert codegen.template_fingerprint() != fingerprint
+        assert codegen.template_fingerprint("bwd") == bwd, "a forward template edit leaves the backward's records valid"
+        (tmp_path / "_header.py.jinja").write_text((tmp_path / "_header.py.jinja").read_text() + "\n# edit\n")
+        codegen.template_fingerprint.cache_clear()
+        assert codegen.template_fingerprint("bwd") != bwd, "the shared header is part of both fingerprints"
     finally:
         codegen.template_fingerprint.cache_clear()
 

@@ -9,10 +9,10 @@ from autoflash import api, codegen, dispatch
 from autoflash.db.store import Store
 from autoflash.dispatch import Dispatcher
 from autoflash.gpu import Gpu, current
-from autoflash.knobs import FwdKnobs
+from autoflash.knobs import BwdKnobs, FwdKnobs
 from autoflash.problem import Problem
 from conftest import DEVICE
-from helpers import assert_matches_reference, make_qkv
+from helpers import assert_gradients_match, assert_matches_reference, make_qkv
 
 H100 = Gpu("h100", "NVIDIA H100 80GB HBM3", (9, 0), 132, 232448, 65536)
 A100 = Gpu("a100", "NVIDIA A100", (8, 0), 108, 166912, 65536)
@@ -23,7 +23,8 @@ ELSEWHERE = FwdKnobs(block_m=256, block_n=64, num_warps=8, num_stages=2)
 
 
 def record(store, gpu, problem, knobs, ms, fingerprint=None):
-    store.record_trial(gpu, problem, knobs.to_json(), fingerprint or codegen.template_fingerprint(), "ok", ms)
+    store.record_trial(gpu, problem, knobs.to_json(), fingerprint or codegen.template_fingerprint(knobs.DIRECTION), "ok",
+                       ms, direction=knobs.DIRECTION)
 
 
 @pytest.fixture
@@ -75,15 +76,26 @@ def test_a_broken_database_is_ignored_with_a_warning(tmp_path):
         assert Dispatcher([f"sqlite:///{bad}"]).choice(BASE, H100).source == "default"
 
 
-def test_attention_reads_each_database_once_and_uses_the_tuned_variant(tmp_path, monkeypatch):
+def test_directions_are_dispatched_apart(tuned_db):
+    bwd = BwdKnobs(block_m=32, block_n=64, num_warps=4, dq="atomic")
+    record(Store(tuned_db), H100, BASE, bwd, 5.0)
+    dispatcher = Dispatcher([tuned_db])
+    assert dispatcher.choice(BASE, H100, "bwd").knobs == bwd
+    assert dispatcher.choice(BASE, H100).knobs == FAST
+    assert dispatcher.choice(dataclasses.replace(BASE, causal=True), H100, "bwd").source == "default"
+
+
+def test_attention_reads_each_database_once_and_uses_the_tuned_variants(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'interp.db'}"
     q, k, v = make_qkv(1, 2, 2, 40, 40, 32, __import__("torch").float16, DEVICE, seed=5)
     problem = Problem.from_tensors(q, k, True)
     tuned = FwdKnobs(block_m=64, block_n=16, num_warps=2, num_stages=2, exp="exp")
+    tuned_bwd = BwdKnobs(block_m=16, block_n=64, num_warps=2, dq="atomic", causal_split=False)
     record(Store(url), current(q.device), problem, tuned, 2.0)
+    record(Store(url), current(q.device), problem, tuned_bwd, 3.0)
     reads = []
     real_read = dispatch.read_records
-    monkeypatch.setattr(dispatch, "read_records", lambda u, f: reads.append(u) or real_read(u, f))
+    monkeypatch.setattr(dispatch, "read_records", lambda u, f, d: reads.append((u, d)) or real_read(u, f, d))
     monkeypatch.setattr(api, "DISPATCHER", Dispatcher([url]))
     monkeypatch.setattr(api, "_plans", {})
     api._choice_for.cache_clear()
@@ -91,8 +103,13 @@ def test_attention_reads_each_database_once_and_uses_the_tuned_variant(tmp_path,
         for _ in range(3):
             out, lse = autoflash.attention(q, k, v, causal=True, return_lse=True)
         assert_matches_reference(out, lse, q, k, v, True)
-        assert reads == [url], "the database is read once per process"
+        assert reads == [(url, "fwd")], "the database is read once per process, the backward's at the first backward"
+        assert_gradients_match(q, k, v, True)
+        assert reads == [(url, "fwd"), (url, "bwd")]
         text = autoflash.explain(q, k, v, causal=True)
-        assert "exact problem tuned" in text and tuned.to_json() in text and url in text
+        assert text.count("exact problem tuned") == 2 and tuned.to_json() in text and tuned_bwd.to_json() in text
+        deterministic = autoflash.explain(q, k, v, causal=True, deterministic=True)
+        assert "dQ in its own pass" in deterministic
+        assert reads == [(url, "fwd"), (url, "bwd")]
     finally:
         api._choice_for.cache_clear()

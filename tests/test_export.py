@@ -1,5 +1,7 @@
-"""Export: a package from an --interpret-tuned database runs where autoflash cannot be imported."""
+"""Export: a package from an --interpret-tuned database runs forward and backward where autoflash cannot
+be imported."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,18 +17,26 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from exported import attention, PROBLEMS
     assert len(PROBLEMS) == 2
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+
     gen = torch.Generator().manual_seed(7)
     for causal in (False, True):
-        q = torch.randn(1, 2, 40, 32, generator=gen).half()
-        k, v = (torch.randn(1, 1, 33, 32, generator=gen).half() for _ in range(2))
+        q = torch.randn(1, 2, 40, 32, generator=gen).half().requires_grad_()
+        k, v = (torch.randn(1, 1, 33, 32, generator=gen).half().requires_grad_() for _ in range(2))
         out = attention(q, k, v, causal=causal)
-        kk, vv = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
-        s = q.double() @ kk.transpose(-1, -2) / math.sqrt(32)
+        dout = torch.randn(out.shape, generator=gen).half()
+        out.backward(dout)
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        s = q64 @ k64.repeat_interleave(2, dim=1).transpose(-1, -2) / math.sqrt(32)
         if causal:
             s = s.masked_fill(torch.arange(33)[None, :] > torch.arange(40)[:, None] + (33 - 40), float("-inf"))
-        ref = torch.nan_to_num(torch.softmax(s, -1)) @ vv
-        err = ((out.double() - ref).norm() / ref.norm()).item()
-        assert err < 2e-3, err
+        ref = torch.nan_to_num(torch.softmax(s, -1)) @ v64.repeat_interleave(2, dim=1)
+        ref.backward(dout.double())
+        assert rel(out, ref) < 2e-3, rel(out, ref)
+        for name, t, t64 in (("dq", q, q64), ("dk", k, k64), ("dv", v, v64)):
+            assert rel(t.grad, t64.grad) < 4e-3, (name, rel(t.grad, t64.grad))
     try:
         attention(torch.randn(1, 2, 41, 32).half(), k, v)
     except ValueError as e:
@@ -43,14 +53,16 @@ def test_export_runs_without_autoflash(tmp_path):
                       " causal: [false, true]}\n")
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     runner = CliRunner()
-    tuned = runner.invoke(main, ["tune", "--interpret", "--shapes", str(shapes), "--trials", "2", "--db", url])
+    tuned = runner.invoke(main, ["tune", "--interpret", "--mode", "both", "--shapes", str(shapes), "--trials", "2",
+                                 "--db", url])
     assert tuned.exit_code == 0, tuned.output
     shown = runner.invoke(main, ["show", "--gpu", "interpreter", "--db", url])
-    assert shown.exit_code == 0 and "b1 h2/1 s40/33 d32 causal fp16" in shown.output, shown.output
+    assert shown.exit_code == 0 and re.search(r"s40/33 d32 causal fp16 +bwd +2 +0 ", shown.output), shown.output
     exported = runner.invoke(main, ["export", "--gpu", "interpreter", "--db", url, "--out", str(tmp_path / "exported")])
-    assert exported.exit_code == 0 and "2 from tuning records" in exported.output, exported.output
-    header = next((tmp_path / "exported").glob("variant_*.py")).read_text()
-    assert "knobs:" in header and "fingerprint:" in header and "measured:" in header and "TFLOP/s" in header
+    assert exported.exit_code == 0 and exported.output.count("2 from tuning records") == 2, exported.output
+    for variant in (tmp_path / "exported").glob("variant_*.py"):
+        header = variant.read_text()
+        assert "knobs:" in header and "fingerprint:" in header and "measured:" in header and "TFLOP/s" in header
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True,
                           env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert done.returncode == 0 and "exported ok" in done.stdout, done.stderr

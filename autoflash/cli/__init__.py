@@ -4,6 +4,7 @@ import click
 
 from autoflash.cli.bench import bench
 from autoflash.cli.export import export
+from autoflash.cli.merge import merge
 from autoflash.cli.show import show
 from autoflash.cli.tune import tune
 
@@ -14,5 +15,5 @@ def main():
     """Generate, tune and dispatch FlashAttention kernels written in Triton."""
 
 
-for command in (tune, show, bench, export):
+for command in (tune, show, bench, export, merge):
     main.add_command(command)

@@ -2,12 +2,13 @@
 
 import datetime
 import json
+import os
 import platform
 import sys
 
 import click
 
-from autoflash.cli.common import problems_of
+from autoflash.cli.common import mode_option, problems_of
 
 
 @click.command()
@@ -15,38 +16,44 @@ from autoflash.cli.common import problems_of
               help="problems file (YAML; see examples/shapes.yaml)")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="write a PNG chart of TFLOP/s here")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="append JSON lines (one per row) here")
-def bench(shapes_file, plot_path, out_path):
-    """Time autoflash and SDPA's backends on every problem of SHAPES."""
+@mode_option
+def bench(shapes_file, plot_path, out_path, mode):
+    """Time autoflash and SDPA's backends on every problem of SHAPES (forward, backward or both)."""
     import torch
     import triton
 
     import autoflash
     from autoflash import codegen
-    from autoflash.bench import bench_problem, plot
+    from autoflash.bench import bench_problem, plot, precompile
 
     if not torch.cuda.is_available():
         raise click.ClickException("autoflash bench needs a CUDA GPU")
     device = torch.device("cuda")
     context = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                   autoflash=autoflash.__version__, template=codegen.template_fingerprint(), host=platform.node(),
+                   autoflash=autoflash.__version__, host=platform.node(),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    command="autoflash " + " ".join(sys.argv[1:]))
-    results = []
-    click.echo(f"{'problem':<36} " + " ".join(f"{n:>14}" for n in ("autoflash", "sdpa_flash", "sdpa_cudnn",
-                                                                     "sdpa_efficient")) + "   vs best SDPA  source")
-    for problem in problems_of(shapes_file):
-        rows = bench_problem(problem, device)
-        results.append((problem, rows))
-        speeds = {r["backend"]: r.get("tflops") for r in rows}
-        best_sdpa = max((v for k, v in speeds.items() if k != "autoflash" and v), default=None)
-        ratio = f"{speeds['autoflash'] / best_sdpa:6.2f}x" if speeds["autoflash"] and best_sdpa else "     -"
-        source = next(line for line in rows[0]["explain"].splitlines() if line.startswith("why:"))[9:]
-        click.echo(f"{problem.label():<36} " + " ".join(f"{v:14.1f}" if v else f"{'error':>14}"
-                                                       for v in speeds.values()) + f"   {ratio}       {source}")
-        if out_path:
-            with open(out_path, "a") as f:
-                for row in rows:
-                    f.write(json.dumps(dict(row, problem=problem.__dict__, **context)) + "\n")
-    if plot_path:
-        plot(results, plot_path)
-        click.echo(f"chart: {plot_path}")
+    problems = problems_of(shapes_file)
+    for direction in ("fwd", "bwd") if mode == "both" else (mode,):
+        context["template"] = codegen.template_fingerprint(direction)
+        precompile(problems, direction, workers=min(len(problems), os.cpu_count() or 1))
+        results = []
+        click.echo(f"{direction + ' problem':<36} " + " ".join(f"{n:>14}" for n in (
+            "autoflash", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")) + "   vs best SDPA  source")
+        for problem in problems:
+            rows = bench_problem(problem, device, direction)
+            results.append((problem, rows))
+            speeds = {r["backend"]: r.get("tflops") for r in rows}
+            best_sdpa = max((v for k, v in speeds.items() if k != "autoflash" and v), default=None)
+            ratio = f"{speeds['autoflash'] / best_sdpa:6.2f}x" if speeds["autoflash"] and best_sdpa else "     -"
+            why = next(line for line in rows[0]["explain"].splitlines() if line.startswith(f"{direction} why:"))
+            click.echo(f"{problem.label():<36} " + " ".join(f"{v:14.1f}" if v else f"{'error':>14}"
+                                                           for v in speeds.values()) + f"   {ratio}       {why[13:]}")
+            if out_path:
+                with open(out_path, "a") as f:
+                    for row in rows:
+                        f.write(json.dumps(dict(row, problem=problem.__dict__, **context)) + "\n")
+        if plot_path:
+            path = plot_path if mode != "both" else plot_path.replace(".png", f"_{direction}.png")
+            plot(results, path, direction)
+            click.echo(f"chart: {path}")

@@ -31,5 +31,7 @@ def problems_of(shapes_file: str):
 gpu_option = click.option("--gpu", "gpu_name", help="GPU family (h100, a100, interpreter, ...); default: the GPU here")
 db_option = click.option("--db", "db_url", help="SQLAlchemy URL [default: $AUTOFLASH_DB, else SQLite in "
                                                 "~/.local/share/autoflash]")
+mode_option = click.option("--mode", type=click.Choice(("fwd", "bwd", "both")), default="fwd", show_default=True,
+                           help="forward kernels, backward kernels, or both")
 shapes_option = click.option("--shapes", "shapes_file", type=click.Path(exists=True, dir_okay=False),
                              help="problems file (YAML; see examples/shapes.yaml)")

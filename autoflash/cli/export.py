@@ -13,10 +13,12 @@ from autoflash.cli.common import db_option, gpu_option, problems_of, resolve_gpu
 @db_option
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="package folder to write")
 def export(gpu_name, shapes_file, db_url, out_dir):
-    """Write the best variants (of SHAPES, or of every tuned problem) as a standalone Python package."""
+    """Write the best forward and backward variants (of SHAPES, or of every tuned problem) as a standalone
+    Python package."""
     from autoflash import gpu as gpus
     from autoflash.dispatch import Dispatcher, shipped_urls, user_url
     from autoflash.export import export as write_package
+    from autoflash.knobs import DIRECTIONS
 
     family = resolve_gpu(gpu_name)
     try:
@@ -28,11 +30,13 @@ def export(gpu_name, shapes_file, db_url, out_dir):
     if shapes_file:
         problems = problems_of(shapes_file)
     else:
-        problems = list(dict.fromkeys(r.problem for _, records in dispatcher.sources(family) for r in records))
+        problems = list(dict.fromkeys(r.problem for d in DIRECTIONS for _, records in dispatcher.sources(family, d)
+                                      for r in records))
         if not problems:
             raise click.ClickException(f"nothing tuned for GPU family '{family}' in {urls}; pass --shapes")
-    choices = {p: dispatcher.choice(p, gpu) for p in problems}
+    choices = {p: {d: dispatcher.choice(p, gpu, d) for d in DIRECTIONS} for p in problems}
     out = write_package(choices, Path(out_dir), family)
-    tuned = sum(1 for c in choices.values() if c.tuned)
-    click.echo(f"wrote {out}: {len(choices)} problem(s), {tuned} from tuning records, "
-               f"{len(set(c.knobs for c in choices.values()))} variant(s)")
+    for d in DIRECTIONS:
+        chosen = [per_direction[d] for per_direction in choices.values()]
+        click.echo(f"wrote {out} {d}: {len(chosen)} problem(s), {sum(1 for c in chosen if c.tuned)} from tuning "
+                   f"records, {len(set(c.knobs for c in chosen))} variant(s)")

@@ -1,4 +1,4 @@
-"""autoflash show: the tuned problems of a database."""
+"""autoflash show: the tuned problems of a database, forward and backward."""
 
 import click
 
@@ -9,18 +9,21 @@ from autoflash.cli.common import db_option, gpu_option, open_store, resolve_gpu
 @gpu_option
 @db_option
 def show(gpu_name, db_url):
-    """List tuned problems: best variant, time, TFLOP/s, trials and failures."""
+    """List tuned problems per direction: best variant, time, TFLOP/s, trials and failures."""
     from autoflash import codegen
+    from autoflash.knobs import DIRECTIONS
 
     store, family = open_store(db_url), resolve_gpu(gpu_name)
-    fingerprint = codegen.template_fingerprint()
-    best = {p: (knobs, trial) for p, knobs, trial in store.best(family, fingerprint)}
-    rows = store.summary(family, fingerprint)
+    fingerprints = {d: codegen.template_fingerprint(d) for d in DIRECTIONS}
+    rows = [(d, row) for d in DIRECTIONS for row in store.summary(family, fingerprints[d], d)]
     if not rows:
-        raise click.ClickException(f"nothing tuned for GPU family '{family}' with templates {fingerprint} in {store.url}")
-    click.echo(f"{store.url}: GPU family {family}, templates {fingerprint}")
-    click.echo(f"{'problem':<36} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8}  best variant")
-    for problem, trials, failed in rows:
-        knobs, trial = best.get(problem, (None, None))
+        raise click.ClickException(f"nothing tuned for GPU family '{family}' with templates "
+                                   f"{', '.join(f'{d} {f}' for d, f in fingerprints.items())} in {store.url}")
+    best = {(d, p): (knobs, trial) for d in DIRECTIONS for p, knobs, trial in store.best(family, fingerprints[d], d)}
+    click.echo(f"{store.url}: GPU family {family}, templates "
+               + ", ".join(f"{d} {f}" for d, f in fingerprints.items()))
+    click.echo(f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8}  best variant")
+    for direction, (problem, trials, failed) in rows:
+        knobs, trial = best.get((direction, problem), (None, None))
         speed = f"{trial.median_ms:9.4f} {trial.tflops:8.1f}" if trial else f"{'-':>9} {'-':>8}"
-        click.echo(f"{problem.label():<36} {trials:>6} {failed:>6} {speed}  {knobs or '(none passed)'}")
+        click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {knobs or '(none passed)'}")

@@ -1,11 +1,11 @@
-"""autoflash tune: search the variant space for each problem of a problems file."""
+"""autoflash tune: search the variant space for each problem of a problems file, forward and/or backward."""
 
 import os
 import sys
 
 import click
 
-from autoflash.cli.common import db_option, open_store, problems_of
+from autoflash.cli.common import db_option, mode_option, open_store, problems_of
 from autoflash.tune.search import SAMPLERS
 
 
@@ -16,6 +16,7 @@ from autoflash.tune.search import SAMPLERS
 @click.option("--trials", type=click.IntRange(min=1),
               help="evaluated variants per problem, earlier runs included [default: 60; grid: all]")
 @click.option("--time-budget", type=click.FloatRange(min=0), help="seconds per problem, at most")
+@mode_option
 @db_option
 @click.option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True)
 @click.option("--seed", type=int, help="sampler seed, for repeatable searches")
@@ -24,12 +25,13 @@ from autoflash.tune.search import SAMPLERS
 @click.option("--workers", type=click.IntRange(min=0), help="compile processes [default: cores - 1; 0 when interpreting]")
 @click.option("--interpret", is_flag=True,
               help="run on the CPU in Triton's interpreter; results filed under GPU 'interpreter' (timings meaningless)")
-def tune(shapes_file, gpu_name, trials, time_budget, db_url, sampler, seed, trial_timeout, workers, interpret):
-    """Tune forward kernels for every problem in SHAPES and record every trial."""
+def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret):
+    """Tune the kernels of every problem in SHAPES (forward, backward or both) and record every trial."""
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
     from autoflash import gpu as gpus
     from autoflash.tune.runner import Runner
+    from autoflash.knobs import DIRECTIONS
     from autoflash.tune.tuner import tune_problem
 
     problems, store = problems_of(shapes_file), open_store(db_url)
@@ -44,11 +46,13 @@ def tune(shapes_file, gpu_name, trials, time_budget, db_url, sampler, seed, tria
     try:
         with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
             for problem in problems:
-                target = trials or (10 ** 9 if sampler == "grid" else 60)
-                with click.progressbar(length=min(target, 10 ** 4), label=problem.label(), file=sys.stderr) as bar:
-                    reports.append(tune_problem(problem, gpu=here, store=store, runner=runner, sampler=sampler,
-                                                n_trials=target, time_budget=time_budget, seed=seed,
-                                                on_trial=lambda knobs, ms: bar.update(1)))
+                for direction in DIRECTIONS if mode == "both" else (mode,):
+                    target = trials or (10 ** 9 if sampler == "grid" else 60)
+                    label = f"{problem.label()} {direction}"
+                    with click.progressbar(length=min(target, 10 ** 4), label=label, file=sys.stderr) as bar:
+                        reports.append(tune_problem(problem, gpu=here, store=store, runner=runner, direction=direction,
+                                                    sampler=sampler, n_trials=target, time_budget=time_budget,
+                                                    seed=seed, on_trial=lambda knobs, ms: bar.update(1)))
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: every finished trial is saved in {store.url}; run the same command to resume",
                    err=True)
@@ -59,10 +63,10 @@ def tune(shapes_file, gpu_name, trials, time_budget, db_url, sampler, seed, tria
 
 
 def format_reports(reports) -> str:
-    lines = [f"{'problem':<36} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8} {'vs SDPA':>7} {'wall s':>7}  best"]
+    lines = [f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8} {'vs SDPA':>7} {'wall s':>7}  best"]
     for r in reports:
         ms = f"{r.best_ms:9.4f} {r.tflops:8.1f}" if r.best_ms else f"{'-':>9} {'-':>8}"
         speedup = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7}"
         best = r.best.to_json() if r.best else "(no variant passed)"
-        lines.append(f"{r.problem.label():<36} {r.trials:>6} {r.failures:>6} {ms} {speedup} {r.wall_s:7.1f}  {best}")
+        lines.append(f"{r.problem.label():<36} {r.direction:<3} {r.trials:>6} {r.failures:>6} {ms} {speedup} {r.wall_s:7.1f}  {best}")
     return "\n".join(lines)

@@ -67,30 +67,42 @@ class Store:
         self._ensure_schema(readonly)
 
     def _ensure_schema(self, readonly: bool):
-        tables = set(inspect(self.engine).get_table_names())
         ours = {t.name for t in Base.metadata.sorted_tables}
-        if readonly and not tables & ours:
-            raise SchemaMismatch(f"{self.url} holds no autoflash tables")
-        if tables & ours:
+        for attempt in range(50):
+            tables = set(inspect(self.engine).get_table_names())
+            if readonly and not tables & ours:
+                raise SchemaMismatch(f"{self.url} holds no autoflash tables")
+            if not tables & ours:
+                self._create_schema()
+                continue
             with Session(self.engine) as s:
                 versions = s.scalars(select(SchemaVersion.version)).all() if SchemaVersion.__tablename__ in tables \
                     else []
-            if versions != [SCHEMA_VERSION]:
+            if versions == [SCHEMA_VERSION]:
+                if not readonly:
+                    Base.metadata.create_all(self.engine)  # tables added in this version, if any
+                return
+            if versions or attempt == 49:
                 found = ", ".join(map(str, versions)) or "unknown"
                 raise SchemaMismatch(
                     f"the database {self.url} holds autoflash schema version {found}, this autoflash "
                     f"(version {autoflash.__version__}) uses {SCHEMA_VERSION}: install the autoflash that wrote it, "
                     f"or point --db / ${DB_ENV} at a new database and tune again")
-            if not readonly:
-                Base.metadata.create_all(self.engine)  # tables added in this version, if any
-            return
-        Base.metadata.create_all(self.engine)
-        with Session(self.engine) as s:
-            try:
-                s.add(SchemaVersion(version=SCHEMA_VERSION))
-                s.commit()
-            except IntegrityError:  # another process created it first
-                s.rollback()
+            time.sleep(0.1)  # tables without a version row: another process may be creating them
+        raise SchemaMismatch(f"{self.url}: the autoflash tables did not appear")
+
+    def _create_schema(self):
+        """The tables and the version row in one transaction; a process that loses the race to create
+        them finds them made."""
+        try:
+            with self.engine.begin() as connection:
+                Base.metadata.create_all(connection)
+                connection.execute(SchemaVersion.__table__.insert().values(version=SCHEMA_VERSION))
+        except IntegrityError:
+            pass
+        except OperationalError as e:
+            if "already exists" not in str(e):
+                raise
 
     def optuna_storage(self):
         """Optuna's own tables in the same database, so that many processes share each study."""
@@ -139,7 +151,8 @@ class Store:
         with Session(self.engine) as s:
             row = TrialRow(gpu=self._gpu(s, gpu), problem=self._problem(s, problem),
                            variant=self._variant(s, knobs_json, fingerprint, direction), status=status,
-                           median_ms=median_ms, tflops=problem.fwd_flops() / median_ms * 1e-9 if median_ms else None,
+                           median_ms=median_ms,
+                           tflops=problem.flops(direction) / median_ms * 1e-9 if median_ms else None,
                            error=error, triton_version=triton.__version__, torch_version=torch.__version__,
                            autoflash_version=autoflash.__version__, host=_host(), created_at=_now())
             s.add(row)
@@ -151,6 +164,37 @@ class Store:
                               median_ms=median_ms, torch_version=torch.__version__, host=_host(),
                               created_at=_now()))
             s.commit()
+
+    def merge(self, source: "Store") -> tuple[int, int]:
+        """Copy the trials and baselines of `source` that this database lacks (same GPU, problem,
+        variant, host and time), with their original versions and times: how results of many tuning
+        machines, or the shipped tuning_db/, are gathered. Returns (trials, baselines) copied."""
+        copied = [0, 0]
+        with Session(source.engine) as src, Session(self.engine) as s:
+            for model, index in ((TrialRow, 0), (BaselineRow, 1)):
+                for row in src.scalars(select(model)):
+                    ids = dict(gpu=self._gpu(s, _gpu_of(row.gpu)), problem=self._problem(s, _problem_of(row.problem)))
+                    if model is TrialRow:
+                        ids["variant"] = self._variant(s, row.variant.knobs, row.variant.fingerprint, row.variant.direction)
+                    seen = select(model.id).filter_by(**{f"{k}_id": v.id for k, v in ids.items()},
+                                                      host=row.host, created_at=row.created_at)
+                    if s.scalars(seen).first() is None:
+                        columns = {c.name: getattr(row, c.name) for c in model.__table__.columns
+                                   if c.name != "id" and not c.name.endswith("_id")}
+                        s.add(model(**ids, **columns))
+                        copied[index] += 1
+                    s.flush()
+            s.commit()
+        return copied[0], copied[1]
+
+    def make_standalone(self) -> None:
+        """SQLite only: leave WAL mode and vacuum, so that the file is whole on its own (as shipped in
+        tuning_db/, read from a read-only folder) with no -wal or -shm beside it."""
+        if self.url.startswith("sqlite"):
+            self.engine.dispose()
+            with self.engine.connect() as connection:
+                connection.exec_driver_sql("PRAGMA journal_mode=DELETE")
+                connection.exec_driver_sql("VACUUM")
 
     # -- reading -----------------------------------------------------------------------------------
     def _trials(self, family: str, fingerprint: str, direction: str):
@@ -199,6 +243,11 @@ class Store:
         with Session(self.engine) as s:
             query = select(func.count(TrialRow.id))
             return s.scalar(query if status is None else query.where(TrialRow.status == status))
+
+
+def _gpu_of(row: GpuRow) -> Gpu:
+    major, minor = row.capability.split(".")
+    return Gpu(row.family, row.name, (int(major), int(minor)), row.multiprocessors, 0, 0)
 
 
 def _problem_of(row: ProblemRow) -> Problem:

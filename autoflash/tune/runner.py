@@ -14,7 +14,7 @@ from multiprocessing.connection import wait
 
 import torch
 
-from autoflash.knobs import FwdKnobs
+from autoflash.knobs import KNOBS, Knobs
 from autoflash.problem import Problem
 from autoflash.tune.trial import Bench, Outcome
 
@@ -23,7 +23,7 @@ _STARTUP_TIMEOUT = 600.0  # importing torch and building a problem's inputs and 
 
 
 def _serve(conn, role: str, loader: str, interpret: bool):
-    """Worker main loop: answer one request at a time, keeping the inputs of the latest problem."""
+    """Worker main loop: answer one request at a time, keeping the inputs of the latest problem and direction."""
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     device = torch.device("cuda" if torch.cuda.is_available() and not interpret else "cpu")
@@ -33,17 +33,17 @@ def _serve(conn, role: str, loader: str, interpret: bool):
         request = conn.recv()
         if request is None:
             return
-        kind, problem, knobs_json = request
-        if bench is None or bench.problem != problem:
+        kind, problem, direction, knobs_json = request
+        if bench is None or (bench.problem, bench.direction) != (problem, direction):
             bench = None  # free the last problem's tensors first
-            bench = Bench(problem, device, loader, measure=role == "measure")
+            bench = Bench(problem, direction, device, loader, measure=role == "measure")
         if kind == "sdpa":
             try:
                 conn.send(bench.sdpa_ms())
             except Exception as e:
                 conn.send(f"{type(e).__name__}: {e}")
             continue
-        knobs = FwdKnobs.from_json(knobs_json)
+        knobs = KNOBS[direction].from_json(knobs_json)
         outcome = bench.compile(knobs) if role == "compile" else bench.measure(knobs)
         conn.send(outcome)
         if outcome.fatal:
@@ -53,7 +53,7 @@ def _serve(conn, role: str, loader: str, interpret: bool):
 class _Worker:
     def __init__(self, role: str, args: tuple):
         self.role, self.args = role, args
-        self.job: FwdKnobs | None = None
+        self.job: Knobs | None = None
         self.deadline = 0.0
         self._start()
 
@@ -109,9 +109,9 @@ class Runner:
         for worker in (*self.compilers, self.measurer):
             worker.wait_ready()
 
-    def run(self, problem: Problem, variants: list[FwdKnobs], on_outcome=lambda knobs, outcome: None
+    def run(self, problem: Problem, variants: list[Knobs], on_outcome=lambda knobs, outcome: None
             ) -> list[Outcome]:
-        """One outcome per variant; `on_outcome` hears each final one as soon as it is known."""
+        """One outcome per variant (all of one direction); `on_outcome` hears each final one as soon as it is known."""
         def compiled(knobs, outcome):
             if outcome.status != "ok":
                 on_outcome(knobs, outcome)
@@ -120,17 +120,18 @@ class Runner:
         outcomes.update(self._map([self.measurer], problem, to_measure, on_outcome))
         return [outcomes[k] for k in variants]
 
-    def sdpa_ms(self, problem: Problem) -> float | None:
-        """torch SDPA on `problem`, timed by the measuring worker; None where it cannot run."""
-        self.measurer.send(("sdpa", problem, None), self.timeout)
+    def sdpa_ms(self, problem: Problem, direction: str = "fwd") -> float | None:
+        """torch SDPA on `problem` (its forward, or its backward alone), timed by the measuring worker;
+        None where it cannot run."""
+        self.measurer.send(("sdpa", problem, direction, None), self.timeout)
         if not self.measurer.conn.poll(self.timeout):
             self.measurer.restart()
             return None
         answer = self.measurer.conn.recv()
         return answer if isinstance(answer, float) else None
 
-    def _map(self, workers: list[_Worker], problem: Problem, variants: list[FwdKnobs], on_outcome
-             ) -> dict[FwdKnobs, Outcome]:
+    def _map(self, workers: list[_Worker], problem: Problem, variants: list[Knobs], on_outcome
+             ) -> dict[Knobs, Outcome]:
         """Hand variants to idle workers; collect outcomes as they come; replace dead or hung workers."""
         pending, outcomes = list(variants), {}
         busy: dict[object, _Worker] = {}
@@ -138,7 +139,7 @@ class Runner:
             for worker in workers:
                 if pending and worker.job is None:
                     worker.job = pending.pop(0)
-                    worker.send(("trial", problem, worker.job.to_json()), self.timeout)
+                    worker.send(("trial", problem, worker.job.DIRECTION, worker.job.to_json()), self.timeout)
                     busy[worker.conn] = worker
             next_deadline = min(w.deadline for w in busy.values())
             for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):

@@ -10,13 +10,14 @@ import traceback
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention.bias import causal_lower_right
-from torch.nn.functional import scaled_dot_product_attention
 
-from autoflash.knobs import FwdKnobs
+from autoflash import codegen, gpu as gpus
+from autoflash.defaults import default_knobs
+from autoflash.knobs import Knobs
 from autoflash.problem import Problem
-from autoflash.reference import TOLERANCE, attention_reference, relative_error
-from autoflash.tune.timing import input_sets, median_ms
+from autoflash.reference import (GRAD_TOLERANCE, TOLERANCE, attention_backward_reference, attention_reference,
+                                 relative_error, sdpa_attention)
+from autoflash.tune.timing import backward_ms, input_sets, median_ms
 
 
 @dataclass(frozen=True)
@@ -44,17 +45,23 @@ def classify(error: BaseException) -> Outcome:
 
 
 class Bench:
-    """One problem's inputs on one device; compiles, checks and times variants for it."""
+    """One problem's inputs on one device, for one direction; compiles, checks and times variants.
 
-    def __init__(self, problem: Problem, device: torch.device, loader: str, measure: bool):
-        self.problem, self.device, self.load = problem, device, load_function(loader)
+    Forward variants run on (q, k, v) and are checked on out and lse. Backward variants run on
+    (q, k, v, out, lse, dout), out and lse from the default forward kernel, and are checked on dq, dk, dv.
+    """
+
+    def __init__(self, problem: Problem, direction: str, device: torch.device, loader: str, measure: bool):
+        self.problem, self.direction, self.device, self.load = problem, direction, device, load_function(loader)
         self.scale = 1.0 / math.sqrt(problem.head_dim)
         p = problem
-        bytes_per_set = p.element_size * p.head_dim * p.batch * (p.heads_q * p.seqlen_q * 2 + p.heads_kv * p.seqlen_k * 2)
+        q_bytes, kv_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim, p.batch * p.heads_kv * p.seqlen_k * p.head_dim
+        bytes_per_set = p.element_size * (2 * q_bytes + 2 * kv_bytes) * (2 if direction == "bwd" else 1)
         self.sets = [self._inputs(seed) for seed in range(input_sets(bytes_per_set, device) if measure else 1)]
-        q = self.sets[0][0]
+        q, k, v = self.sets[0][:3]
         self.out = torch.empty_like(q)
         self.lse = torch.empty(q.shape[:3], dtype=torch.float32, device=device)
+        self.grads = tuple(torch.empty_like(t) for t in (q, k, v))
         self.reference = self._reference() if measure else None
 
     def _inputs(self, seed: int):
@@ -64,72 +71,98 @@ class Bench:
                         dtype=p.torch_dtype)
         k, v = (torch.randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, generator=gen, device=self.device,
                             dtype=p.torch_dtype) for _ in range(2))
-        return q, k, v
+        if self.direction == "fwd":
+            return q, k, v
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32, device=self.device)
+        forward = codegen.load(default_knobs(p, gpus.current(self.device))).forward
+        forward(q, k, v, out, lse, self.scale, p.causal)
+        dout = torch.randn(q.shape, generator=gen, device=self.device, dtype=p.torch_dtype)
+        return q, k, v, out, lse, dout
 
     def _samples(self):
-        """(batch, head) slices checked against the fp64 reference: the first and the last."""
+        """(batch, query head) slices checked against the fp64 reference: the first and the last."""
         p = self.problem
         return sorted({(0, 0), (p.batch - 1, p.heads_q - 1)})
 
     def _reference(self):
-        q, k, v = self.sets[0]
+        """Per sample (b, h): the forward's (out, lse) of query head h, or the backward's (dq of head h,
+        dk and dv of its KV head, from all the query heads of its group)."""
+        q, k, v = self.sets[0][:3]
         group = self.problem.heads_q // self.problem.heads_kv
         refs = {}
         for b, h in self._samples():
-            refs[b, h] = attention_reference(q[b:b + 1, h:h + 1], k[b:b + 1, h // group:h // group + 1],
-                                             v[b:b + 1, h // group:h // group + 1], self.problem.causal, self.scale)
+            hkv = h // group
+            kv = (k[b:b + 1, hkv:hkv + 1], v[b:b + 1, hkv:hkv + 1])
+            if self.direction == "fwd":
+                refs[b, h] = tuple(t[0, 0] for t in attention_reference(q[b:b + 1, h:h + 1], *kv,
+                                                                        self.problem.causal, self.scale))
+            else:
+                heads = slice(hkv * group, (hkv + 1) * group)
+                dout = self.sets[0][5][b:b + 1, heads]
+                dq, dk, dv = attention_backward_reference(q[b:b + 1, heads], *kv, dout, self.problem.causal,
+                                                          self.scale)
+                refs[b, h] = (dq[0, h - hkv * group], dk[0, 0], dv[0, 0])
         return refs
 
-    def compile(self, knobs: FwdKnobs) -> Outcome:
+    def _launch(self, module, i: int):
+        if self.direction == "fwd":
+            module.forward(*self.sets[i], self.out, self.lse, self.scale, self.problem.causal)
+        else:
+            module.backward(*self.sets[i], *self.grads, self.scale, self.problem.causal, None)
+
+    def compile(self, knobs: Knobs) -> Outcome:
         """Render, compile and run once: Triton's disk cache then serves the measuring process."""
         try:
-            q, k, v = self.sets[0]
-            self.load(knobs).forward(q, k, v, self.out, self.lse, self.scale, self.problem.causal)
+            self._launch(self.load(knobs), 0)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             return Outcome("ok")
         except Exception as e:
             return classify(e)
 
-    def measure(self, knobs: FwdKnobs) -> Outcome:
+    def measure(self, knobs: Knobs) -> Outcome:
         try:
-            forward = self.load(knobs).forward
-            q, k, v = self.sets[0]
-            self.out.fill_(float("nan"))
-            self.lse.fill_(float("nan"))
-            forward(q, k, v, self.out, self.lse, self.scale, self.problem.causal)
+            module = self.load(knobs)
+            for t in (self.out, self.lse, *self.grads):
+                t.fill_(float("nan"))
+            self._launch(module, 0)
             wrong = self._check()
             if wrong:
                 return Outcome("wrong_result", error=wrong)
-            # Timed as checked, with the log-sum-exp (training needs it): the kernel compiled once.
-            causal, scale, out, lse = self.problem.causal, self.scale, self.out, self.lse
-            ms = median_ms(lambda i: forward(*self.sets[i], out, lse, scale, causal), len(self.sets), self.device)
+            # Timed as checked (the forward with the log-sum-exp training needs): the kernel compiled once.
+            ms = median_ms(lambda i: self._launch(module, i), len(self.sets), self.device)
             return Outcome("ok", median_ms=ms)
         except Exception as e:
             return classify(e)
 
     def _check(self) -> str | None:
-        if torch.isnan(self.out).any():
+        outputs = (self.out,) if self.direction == "fwd" else self.grads
+        if any(torch.isnan(t).any() for t in outputs):
             return "output holds NaN (unwritten elements or broken arithmetic)"
         tolerance = TOLERANCE[self.problem.torch_dtype]
-        for (b, h), (ref_out, ref_lse) in self.reference.items():
-            err = relative_error(self.out[b, h], ref_out[0, 0])
+        group = self.problem.heads_q // self.problem.heads_kv
+        for (b, h), ref in self.reference.items():
+            if self.direction == "bwd":
+                for name, grad, head, expected in zip(("dq", "dk", "dv"), self.grads, (h, h // group, h // group), ref):
+                    err, limit = relative_error(grad[b, head], expected), GRAD_TOLERANCE[self.problem.torch_dtype]
+                    if not err < limit:
+                        return f"{name} (batch {b}, head {head}) relative error {err:.2e} > {limit:.0e}"
+                continue
+            ref_out, ref_lse = ref
+            err = relative_error(self.out[b, h], ref_out)
             if not err < tolerance:
                 return f"output (batch {b}, head {h}) relative error {err:.2e} > {tolerance:.0e}"
             lse = self.lse[b, h].double()
-            finite = torch.isfinite(ref_lse[0, 0])
+            finite = torch.isfinite(ref_lse)
             if not torch.equal(torch.isfinite(lse), finite) or \
-                    not ((lse - ref_lse[0, 0])[finite].abs() <= 1e-2 + 1e-3 * ref_lse[0, 0][finite].abs()).all():
+                    not ((lse - ref_lse)[finite].abs() <= 1e-2 + 1e-3 * ref_lse[finite].abs()).all():
                 return f"log-sum-exp (batch {b}, head {h}) disagrees with the reference"
         return None
 
     def sdpa_ms(self) -> float:
-        """torch's scaled_dot_product_attention (its own backend choice) on the same inputs."""
-        p = self.problem
-        gqa = p.heads_q != p.heads_kv
-        if p.causal and p.seqlen_q != p.seqlen_k:  # is_causal aligns top-left; ours is bottom-right
-            mask = dict(attn_mask=causal_lower_right(p.seqlen_q, p.seqlen_k))
-        else:
-            mask = dict(is_causal=p.causal)
-        return median_ms(lambda i: scaled_dot_product_attention(*self.sets[i], enable_gqa=gqa, **mask),
-                         len(self.sets), self.device)
+        """torch's scaled_dot_product_attention (its own backend choice) on the same inputs, this direction."""
+        def sdpa(q, k, v):
+            return sdpa_attention(q, k, v, self.problem.causal)
+        if self.direction == "fwd":
+            return median_ms(lambda i: sdpa(*self.sets[i]), len(self.sets), self.device)
+        return backward_ms(sdpa, [(q, k, v, dout) for q, k, v, _, _, dout in self.sets], self.device)
