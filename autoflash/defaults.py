@@ -10,7 +10,8 @@ from dataclasses import replace
 import triton
 
 from autoflash.gpu import Gpu
-from autoflash.knobs import KNOBS, BwdKnobs, FwdKnobs, Knobs, head_dim_pad, tma_violations, violations
+from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, grid_y, head_dim_pad, tma_violations,
+                             violations)
 from autoflash.problem import Problem
 
 HALF = ("float16", "bfloat16")
@@ -53,6 +54,8 @@ def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
                     block_n=min(knobs.block_n, max(16, triton.next_power_of_2(problem.seqlen_k))))
     if isinstance(knobs, FwdKnobs) and knobs.loads == "tma" and tma_violations(problem, gpu):
         knobs = replace(knobs, loads="pointer")
+    if isinstance(knobs, FwdKnobs) and grid_y(knobs, problem) > MAX_GRID_Y:  # batch x heads beyond the y axis
+        knobs = replace(knobs, schedule="longest_first" if knobs.schedule == "in_order" else "in_order")
     while violations(knobs, problem, gpu):
         if knobs.block_m * knobs.block_n < 128 * knobs.num_warps and knobs.num_warps > 2:
             knobs = replace(knobs, num_warps=knobs.num_warps // 2)

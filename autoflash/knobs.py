@@ -90,6 +90,13 @@ class FwdKnobs(Knobs):
     loads: str = knob("pointer", ("pointer", "tma"),
                       "how tiles move: pointer tensors with masks, or TMA tensor descriptors (Hopper on); "
                       "block pointers are not offered: Triton removed them after 3.6")
+    schedule: str = knob("in_order", ("in_order", "longest_first"),
+                         "order of the query blocks: in_order walks each head's blocks from the first; "
+                         "longest_first launches every head's last block first (under causal masking it "
+                         "sees the most keys, so short blocks fill the tail; fa2 only). Not searched: it "
+                         "lost on every causal grid problem on the H100 (benchmarks/NOTES.md, 10.); fit() "
+                         "uses it where batch x heads exceeds the grid's y axis",
+                         searched=("in_order",))
 
     @property
     def template(self) -> str:
@@ -154,6 +161,19 @@ def accumulator_registers(knobs: Knobs, problem: Problem) -> int:
     return (knobs.block_m * knobs.block_n + knobs.block_m * d) // (32 * knobs.num_warps)
 
 
+# CUDA launches at most 65535 blocks along a grid's y axis (x allows 2^31 - 1).
+MAX_GRID_Y = 65535
+
+
+def grid_y(knobs: Knobs, problem: Problem) -> int:
+    """Programs along the y axis of the launch grid: batch x heads, or the query blocks of longest_first."""
+    if isinstance(knobs, FwdKnobs) and knobs.loop_order == "fa1":
+        return 1
+    if isinstance(knobs, FwdKnobs) and knobs.schedule == "longest_first":
+        return triton.cdiv(problem.seqlen_q, knobs.block_m)
+    return problem.batch * max(problem.heads_q, problem.heads_kv)
+
+
 def tma_violations(problem: Problem, gpu: Gpu) -> list[str]:
     why = []
     if not gpu.has_tma:
@@ -167,8 +187,8 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot (or should not) run `problem` on `gpu`; empty when it can."""
     why = []
     if isinstance(knobs, FwdKnobs):
-        if knobs.loop_order == "fa1" and knobs.loads != "pointer":
-            why.append("fa1 is the paper's baseline loop order and loads through pointers only")
+        if knobs.loop_order == "fa1" and (knobs.loads, knobs.schedule) != ("pointer", "in_order"):
+            why.append("fa1 is the paper's baseline loop order: pointer loads, in order")
         if knobs.loads == "tma":
             why += tma_violations(problem, gpu)
     if knobs.block_m * knobs.block_n < 128 * knobs.num_warps:
@@ -177,6 +197,9 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
         why.append(f"block_m {knobs.block_m} exceeds seqlen_q {problem.seqlen_q}")
     if knobs.block_n > max(16, triton.next_power_of_2(problem.seqlen_k)):
         why.append(f"block_n {knobs.block_n} exceeds seqlen_k {problem.seqlen_k}")
+    programs_y = grid_y(knobs, problem)
+    if programs_y > MAX_GRID_Y:
+        why.append(f"{programs_y} programs along the grid's y axis, CUDA allows {MAX_GRID_Y}")
     smem = shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
@@ -194,6 +217,8 @@ def not_worth_timing(knobs: Knobs, problem: Problem) -> list[str]:
     rows, keys = triton.next_power_of_2(problem.seqlen_q), triton.next_power_of_2(problem.seqlen_k)
     # The tile side the MMA's rows run along: query rows forward, held key (or query) rows backward.
     if isinstance(knobs, FwdKnobs):
+        if knobs.schedule == "longest_first" and not problem.causal:
+            why.append("without causal masking every query block does the same work: no order to choose")
         small_m, small_n, mma_rows, extent = 64, 32, knobs.block_m, rows
     else:
         small_m, small_n, mma_rows, extent = 32, 64, knobs.block_n, min(rows, keys)

@@ -113,3 +113,21 @@ def test_attention_reads_each_database_once_and_uses_the_tuned_variants(tmp_path
         assert reads == [(url, "fwd"), (url, "bwd")]
     finally:
         api._choice_for.cache_clear()
+
+
+def test_merge_copies_each_trial_once_and_can_keep_current_templates_only(tuned_db, tmp_path):
+    into = Store(f"sqlite:///{tmp_path / 'gathered.db'}")
+    assert into.merge(Store(tuned_db, readonly=True)) == (5, 0)
+    assert into.merge(Store(tuned_db, readonly=True)) == (0, 0), "merging again copies nothing"
+    current = {d: codegen.template_fingerprint(d) for d in ("fwd", "bwd")}
+    only = Store(f"sqlite:///{tmp_path / 'current.db'}")
+    assert only.merge(Store(tuned_db, readonly=True), current) == (4, 0), "the other templates' trial stays out"
+    assert Dispatcher([only.url]).choice(BASE, H100).knobs == FAST
+
+
+def test_tuner_starts_from_the_winners_of_earlier_templates(tuned_db):
+    from autoflash.tune.tuner import earlier_best
+
+    store = Store(tuned_db)
+    assert earlier_best(store, H100, BASE) == [ELSEWHERE], "the record of other templates is a first guess"
+    assert earlier_best(store, H100, dataclasses.replace(BASE, causal=True)) == []

@@ -18,14 +18,15 @@ from helpers import assert_matches_reference, make_qkv, poisoned_outputs
 
 
 def variants(blocks, fa1_blocks):
-    """Every loop order x exponent x causal split x tile loading x (block_m, block_n, num_warps, num_stages)."""
-    for loop_order, exp, split, loads in itertools.product(("fa2", "fa1"), ("exp2", "exp"), (True, False),
-                                                           ("pointer", "tma")):
-        if loop_order == "fa1" and loads != "pointer":
+    """Every loop order x exponent x causal split x tile loading x schedule x (block_m, block_n, num_warps,
+    num_stages)."""
+    for loop_order, exp, split, loads, schedule in itertools.product(
+            ("fa2", "fa1"), ("exp2", "exp"), (True, False), ("pointer", "tma"), ("in_order", "longest_first")):
+        if loop_order == "fa1" and (loads, schedule) != ("pointer", "in_order"):
             continue
         for block_m, block_n, warps, stages in blocks if loop_order == "fa2" else fa1_blocks:
             yield FwdKnobs(loop_order=loop_order, block_m=block_m, block_n=block_n, num_warps=warps,
-                           num_stages=stages, exp=exp, causal_split=split, loads=loads)
+                           num_stages=stages, exp=exp, causal_split=split, loads=loads, schedule=schedule)
 
 
 def run_variant(knobs, shape, dtype, device, causal, transposed=False, seed=0) -> bool:

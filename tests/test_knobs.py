@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from autoflash.gpu import INTERPRETER, Gpu
-from autoflash.knobs import FwdKnobs, InvalidKnobs, check, violations
+from autoflash.knobs import BwdKnobs, FwdKnobs, InvalidKnobs, check, violations
 from autoflash.problem import Problem
 
 PROBLEM = Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=4096, seqlen_k=4096, head_dim=128, causal=False,
@@ -37,7 +37,9 @@ def test_values_outside_the_choices_are_refused():
 
 
 @pytest.mark.parametrize("knobs, gpu, problem, reason", [
-    (FwdKnobs(loop_order="fa1", loads="tma"), H100, PROBLEM, "pointers only"),
+    (FwdKnobs(loop_order="fa1", loads="tma"), H100, PROBLEM, "pointer loads, in order"),
+    (FwdKnobs(), H100, dataclasses.replace(PROBLEM, batch=16384, seqlen_q=1), "grid's y axis"),
+    (BwdKnobs(block_n=16, block_m=16, num_warps=2), H100, dataclasses.replace(PROBLEM, batch=8192), "grid's y axis"),
     (FwdKnobs(loads="tma"), A100, PROBLEM, "compute capability 9.0"),
     (FwdKnobs(loads="tma"), H100, dataclasses.replace(PROBLEM, head_dim=36), "16-byte rows"),
     (FwdKnobs(block_m=16, block_n=16, num_warps=8), H100, PROBLEM, "too small for 8 warps"),
@@ -57,6 +59,13 @@ def test_good_variants_pass():
                       INTERPRETER) == []
 
 
+def test_fit_moves_a_huge_batch_to_the_grids_x_axis():
+    from autoflash.defaults import default_knobs
+    decode = dataclasses.replace(PROBLEM, batch=16384, seqlen_q=1)
+    knobs = default_knobs(decode, H100)
+    assert knobs.schedule == "longest_first" and not violations(knobs, decode, H100)
+
+
 def test_tuner_skips_tiles_far_below_the_problem():
     from autoflash.knobs import not_worth_timing
     assert not_worth_timing(FwdKnobs(block_m=32, block_n=64, num_warps=2), PROBLEM)
@@ -64,3 +73,5 @@ def test_tuner_skips_tiles_far_below_the_problem():
     assert not not_worth_timing(FwdKnobs(block_m=128, block_n=64, num_warps=8), PROBLEM)
     decode = dataclasses.replace(PROBLEM, seqlen_q=1)
     assert not not_worth_timing(FwdKnobs(block_m=16, block_n=64, num_warps=4), decode)
+    assert not_worth_timing(FwdKnobs(schedule="longest_first"), PROBLEM), "order matters only under causal masking"
+    assert not not_worth_timing(FwdKnobs(schedule="longest_first"), dataclasses.replace(PROBLEM, causal=True))

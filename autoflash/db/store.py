@@ -165,14 +165,18 @@ class Store:
                               created_at=_now()))
             s.commit()
 
-    def merge(self, source: "Store") -> tuple[int, int]:
+    def merge(self, source: "Store", fingerprints: dict[str, str] | None = None) -> tuple[int, int]:
         """Copy the trials and baselines of `source` that this database lacks (same GPU, problem,
         variant, host and time), with their original versions and times: how results of many tuning
-        machines, or the shipped tuning_db/, are gathered. Returns (trials, baselines) copied."""
+        machines, or the shipped tuning_db/, are gathered. `fingerprints` (direction -> fingerprint)
+        keeps only trials of those templates. Returns (trials, baselines) copied."""
         copied = [0, 0]
         with Session(source.engine) as src, Session(self.engine) as s:
             for model, index in ((TrialRow, 0), (BaselineRow, 1)):
                 for row in src.scalars(select(model)):
+                    if fingerprints is not None and model is TrialRow and \
+                            fingerprints.get(row.variant.direction) != row.variant.fingerprint:
+                        continue
                     ids = dict(gpu=self._gpu(s, _gpu_of(row.gpu)), problem=self._problem(s, _problem_of(row.problem)))
                     if model is TrialRow:
                         ids["variant"] = self._variant(s, row.variant.knobs, row.variant.fingerprint, row.variant.direction)
@@ -219,6 +223,12 @@ class Store:
         for trial, variant, problem_row in rows:
             best.setdefault(problem_row.key, (_problem_of(problem_row), variant.knobs, trial))
         return list(best.values())
+
+    def fingerprints(self, family: str, direction: str = "fwd") -> list[str]:
+        """Template fingerprints with trials of `family` and `direction`."""
+        with Session(self.engine) as s:
+            return list(s.scalars(select(VariantRow.fingerprint).distinct().join(TrialRow.variant).join(TrialRow.gpu)
+                                  .where(GpuRow.family == family, VariantRow.direction == direction)))
 
     def summary(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, int, int]]:
         """Per problem tuned on `family`: (problem, trials, failed trials)."""

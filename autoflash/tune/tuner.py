@@ -55,6 +55,21 @@ def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, direction: str = "fw
     return [KNOBS[direction].from_json(knobs) for _, knobs in sorted(near)[:count]]
 
 
+def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd") -> list[Knobs]:
+    """Winners of `problem` under earlier templates, still valid as knobs: after a template change
+    they are the best first guesses. They are timed again like any other point, never reused."""
+    current = codegen.template_fingerprint(direction)
+    guesses = []
+    for fingerprint in store.fingerprints(gpu.family, direction):
+        for other, knobs, _ in store.best(gpu.family, fingerprint, direction):
+            if fingerprint != current and other == problem:
+                try:
+                    guesses.append(KNOBS[direction].from_json(knobs))
+                except ValueError:  # a knob that no longer exists, or a value no longer offered
+                    pass
+    return guesses
+
+
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, direction: str = "fwd",
                  sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None, seed: int | None = None,
                  on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None) -> Report:
@@ -80,7 +95,8 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
         knobs = knobs_class(**point)
         return not violations(knobs, problem, gpu) and not not_worth_timing(knobs, problem)
 
-    warm = [default_knobs(problem, gpu, direction), *nearest_tuned(store, gpu, problem, direction)]
+    warm = [default_knobs(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
+            *nearest_tuned(store, gpu, problem, direction)]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
     search(restricted_space(knobs_class.search_space(), is_valid), evaluate,
            study_name=study_name(gpu, problem, direction), storage=store.optuna_storage(), sampler=sampler,
