@@ -11,12 +11,16 @@ def resolve_gpu(gpu_name: str | None):
 
 
 def open_store(db_url: str | None, readonly: bool = False):
+    from sqlalchemy.exc import OperationalError
+
     from autoflash.db.store import SchemaMismatch, Store
 
     try:
         return Store(db_url, readonly=readonly)
     except SchemaMismatch as e:
         raise click.ClickException(str(e)) from e
+    except OperationalError as e:
+        raise click.ClickException(f"cannot open the database {db_url or '(default)'}: {e.orig}") from e
 
 
 def problems_of(shapes_file: str):

@@ -13,7 +13,7 @@ def show(gpu_name, db_url):
     from autoflash import codegen
     from autoflash.knobs import DIRECTIONS
 
-    store, family = open_store(db_url), resolve_gpu(gpu_name)
+    store, family = open_store(db_url, readonly=True), resolve_gpu(gpu_name)  # reading never changes the file
     fingerprints = {d: codegen.template_fingerprint(d) for d in DIRECTIONS}
     rows = [(d, row) for d in DIRECTIONS for row in store.summary(family, fingerprints[d], d)]
     if not rows:
