@@ -9,6 +9,7 @@ over a network file system, or with many tuning machines, use PostgreSQL.
 import os
 import platform
 import socket
+import sqlite3
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,8 +56,16 @@ def make_engine(url: str, readonly: bool = False):
 
     @event.listens_for(engine, "connect")
     def _wal(connection, _record):
-        connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA busy_timeout=120000")
+        # Switching to WAL answers "locked" at once, without waiting, while another process creates the file.
+        for attempt in range(200):
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or attempt == 199:
+                    raise
+                time.sleep(0.05)
     return engine
 
 
