@@ -13,6 +13,7 @@ import torch
 from autoflash import codegen, gpu as gpus
 from autoflash.dispatch import Choice, Dispatcher
 from autoflash.gpu import Gpu
+from autoflash.launch import forward_plan
 from autoflash.problem import DTYPES, Problem
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -35,7 +36,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, de
         causal: mask keys after the query, aligned bottom-right as in FlashAttention-2: query i sees
             key j when j <= i + seqlen_k - seqlen_q. With seqlen_q > seqlen_k the first
             seqlen_q - seqlen_k queries see no key: their output is 0 and their lse is -inf.
-        softmax_scale: scale of the scores; default 1 / sqrt(head_dim).
+        softmax_scale: scale of the scores, positive; default 1 / sqrt(head_dim).
         return_lse: also return the log-sum-exp of the scaled scores (differentiable too).
         deterministic: the backward computes dQ in its own pass instead of with atomics, so that
             gradients are bitwise the same on every run.
@@ -65,9 +66,10 @@ _MAX_PLANS = 4096
 
 
 def _call_key(q, k, v, causal, softmax_scale, deterministic) -> tuple:
-    # get_device() (an int) is cheaper than .device; a CPU tensor gives -1.
+    # get_device() (an int) is cheaper than .device; a CPU tensor gives -1. Each tensor's 16-byte alignment
+    # is its own entry: the compiled kernel a plan launches is specialised on it.
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.get_device(), k.get_device(), v.get_device(), (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
+            q.get_device(), k.get_device(), v.get_device(), q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15,
             causal.__class__, causal, softmax_scale.__class__, softmax_scale, deterministic.__class__, deterministic)
 
 
@@ -85,9 +87,9 @@ def _plan(q, k, v, causal, softmax_scale, deterministic):
     if q.numel():
         problem = Problem.from_tensors(q_checked, k_checked, causal)
         gpu = gpus.current(q.device)
-        out = torch.empty_like(q_checked)
+        out = torch.empty_like(q_checked)  # as each call's will be: its strides decide TMA too
         knobs = _choice_for(problem, gpu, _tma_aligned(q_checked, k_checked, v_checked, out)).knobs
-        forward = codegen.load(knobs).forward
+        forward = _forward_launcher(codegen.load(knobs), scale, causal)
         backward = _lazy_backward(problem, gpu, deterministic)
 
     def run(q, k, v, return_lse):
@@ -99,9 +101,22 @@ def _plan(q, k, v, causal, softmax_scale, deterministic):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
         if forward is not None:
-            forward(q, k, v, out, lse, scale, causal)
+            forward(q, k, v, out, lse)
         return (out, lse) if return_lse else out
     return run
+
+
+def _forward_launcher(module, scale: float, causal: bool):
+    """forward(q, k, v, out, lse) for one call signature: the variant's plan made at the first call with lse
+    and at the first without (autoflash/launch.py). Holds no tensor."""
+    plans = {}
+
+    def forward(q, k, v, out, lse):
+        plan = plans.get(lse is None)
+        if plan is None:
+            plan = plans[lse is None] = forward_plan(module, q, k, v, out, lse, scale, causal)
+        plan(q, k, v, out, lse)
+    return forward
 
 
 def _lazy_backward(problem: Problem, gpu: Gpu, deterministic: bool):
@@ -124,7 +139,7 @@ class _Attention(torch.autograd.Function):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
         if forward is not None:
-            forward(q, k, v, out, lse, scale, causal)
+            forward(q, k, v, out, lse)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.launch_backward, ctx.scale, ctx.causal = backward, scale, causal
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
@@ -186,8 +201,9 @@ def _scale(softmax_scale, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        # The kernels mask scores to -inf before scaling them: a scale of 0 or below would turn masks into nan or +inf.
+        raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
     return float(softmax_scale)
 
 

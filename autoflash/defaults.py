@@ -10,8 +10,8 @@ from dataclasses import replace
 import triton
 
 from autoflash.gpu import Gpu
-from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, grid_y, head_dim_pad, tma_violations,
-                             violations)
+from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, grid_y, head_dim_pad, not_worth_timing,
+                             programs, tma_violations, violations)
 from autoflash.problem import Problem
 
 HALF = ("float16", "bfloat16")
@@ -43,7 +43,7 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> Knobs:
     for family, capability, dtypes, max_head_dim, knobs in _TABLE:
         if isinstance(knobs, KNOBS[direction]) and family in ("*", gpu.family) and gpu.capability >= capability \
                 and problem.dtype in dtypes and d <= max_head_dim:
-            return fit(knobs, problem, gpu)
+            return split_keys(fit(knobs, problem, gpu), problem, gpu)
     raise LookupError(f"no default {direction} variant for {problem} on {gpu.name}")
 
 
@@ -67,4 +67,18 @@ def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
             knobs = replace(knobs, block_m=knobs.block_m // 2)
         else:
             raise LookupError(f"no variant fits {problem} on {gpu.name}: {violations(knobs, problem, gpu)}")
+    return knobs
+
+
+def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
+    """Where the query tiles alone leave most SMs idle (decode, batch 1 with few heads), split the keys:
+    the most splits (a power of two) that keep the programs within two per SM and each split two key
+    blocks or more. H100 (benchmarks/NOTES.md, 17.): 64 programs of 1024 x 16384 keys ran 1.9x faster
+    with 4 splits; 128 programs of 4096 x 4096 keys ran 12% slower with 2."""
+    if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2" or 2 * programs(knobs, problem) > gpu.multiprocessors:
+        return knobs
+    for splits in sorted(FwdKnobs.choices()["kv_splits"], reverse=True):
+        candidate = replace(knobs, kv_splits=splits)
+        if programs(knobs, problem) * splits <= 2 * gpu.multiprocessors and not not_worth_timing(candidate, problem, gpu):
+            return candidate
     return knobs

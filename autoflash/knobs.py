@@ -97,6 +97,10 @@ class FwdKnobs(Knobs):
                          "lost on every causal grid problem on the H100 (benchmarks/NOTES.md, 10.); fit() "
                          "uses it where batch x heads exceeds the grid's y axis",
                          searched=("in_order",))
+    kv_splits: int = knob(1, (1, 2, 4, 8, 16),
+                          "programs that share one query tile's keys, each over a run of whole key blocks, "
+                          "their partial results merged by a second kernel (flash-decoding): more programs "
+                          "where batch x heads x query blocks leave SMs idle (fa2 only)")
 
     @property
     def template(self) -> str:
@@ -187,8 +191,8 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot (or should not) run `problem` on `gpu`; empty when it can."""
     why = []
     if isinstance(knobs, FwdKnobs):
-        if knobs.loop_order == "fa1" and (knobs.loads, knobs.schedule) != ("pointer", "in_order"):
-            why.append("fa1 is the paper's baseline loop order: pointer loads, in order")
+        if knobs.loop_order == "fa1" and (knobs.loads, knobs.schedule, knobs.kv_splits) != ("pointer", "in_order", 1):
+            why.append("fa1 is the paper's baseline loop order: pointer loads, in order, one program per key range")
         if knobs.loads == "tma":
             why += tma_violations(problem, gpu)
     if knobs.block_m * knobs.block_n < 128 * knobs.num_warps:
@@ -209,16 +213,26 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     return why
 
 
-def not_worth_timing(knobs: Knobs, problem: Problem) -> list[str]:
+def programs(knobs: FwdKnobs, problem: Problem) -> int:
+    """Programs of a forward launch before any key split: query blocks x batch x heads."""
+    return triton.cdiv(problem.seqlen_q, knobs.block_m) * problem.batch * problem.heads_q
+
+
+def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Valid variants the tuner skips because they cannot win: tiles far smaller than the problem
-    leave the tensor cores idle (Hopper's wgmma works on 64 rows a warpgroup), and warps that
-    share fewer than 16 rows of the tile's long side each duplicate work."""
+    leave the tensor cores idle (Hopper's wgmma works on 64 rows a warpgroup), warps that
+    share fewer than 16 rows of the tile's long side each duplicate work, and key splits where the
+    SMs have work enough or a split would hold less than two key blocks."""
     why = []
     rows, keys = triton.next_power_of_2(problem.seqlen_q), triton.next_power_of_2(problem.seqlen_k)
     # The tile side the MMA's rows run along: query rows forward, held key (or query) rows backward.
     if isinstance(knobs, FwdKnobs):
         if knobs.schedule == "longest_first" and not problem.causal:
             why.append("without causal masking every query block does the same work: no order to choose")
+        if knobs.kv_splits > 1 and programs(knobs, problem) >= 2 * gpu.multiprocessors:
+            why.append(f"{programs(knobs, problem)} programs already fill {gpu.multiprocessors} SMs twice: no key split")
+        if knobs.kv_splits > 1 and triton.cdiv(problem.seqlen_k, knobs.block_n) < 2 * knobs.kv_splits:
+            why.append(f"{knobs.kv_splits} key splits of seqlen_k {problem.seqlen_k} hold less than 2 blocks each")
         small_m, small_n, mma_rows, extent = 64, 32, knobs.block_m, rows
     else:
         small_m, small_n, mma_rows, extent = 32, 64, knobs.block_n, min(rows, keys)

@@ -83,7 +83,7 @@ def test_mixed_devices():
         autoflash.attention(q, k.to("meta"), v)
 
 
-@pytest.mark.parametrize("scale, error", [(math.inf, ValueError), (math.nan, ValueError), ("0.1", TypeError),
+@pytest.mark.parametrize("scale, error", [(math.inf, ValueError), (math.nan, ValueError), (0.0, ValueError), (-0.5, ValueError), ("0.1", TypeError),
                                           (torch.tensor(0.1), TypeError)])
 def test_bad_softmax_scale(scale, error):
     with pytest.raises(error, match="softmax_scale"):

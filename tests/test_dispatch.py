@@ -125,6 +125,19 @@ def test_merge_copies_each_trial_once_and_can_keep_current_templates_only(tuned_
     assert Dispatcher([only.url]).choice(BASE, H100).knobs == FAST
 
 
+def test_merge_command_takes_file_paths_and_explains_a_bad_source(tuned_db, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from autoflash.cli import main
+
+    monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
+    merged = CliRunner().invoke(main, ["merge", "--into", "gathered.db", "user.db", "--current-only"])
+    assert merged.exit_code == 0, merged.output
+    assert "4 trial(s)" in merged.output and (tmp_path / "gathered.db").exists()
+    bad = CliRunner().invoke(main, ["merge", "--into", "gathered.db", "missing/nothing.db"])
+    assert bad.exit_code != 0 and "cannot open the database" in bad.output and "Traceback" not in bad.output
+
+
 def test_tuner_starts_from_the_winners_of_earlier_templates(tuned_db):
     from autoflash.tune.tuner import earlier_best
 

@@ -18,15 +18,16 @@ from helpers import assert_matches_reference, make_qkv, poisoned_outputs
 
 
 def variants(blocks, fa1_blocks):
-    """Every loop order x exponent x causal split x tile loading x schedule x (block_m, block_n, num_warps,
-    num_stages)."""
-    for loop_order, exp, split, loads, schedule in itertools.product(
-            ("fa2", "fa1"), ("exp2", "exp"), (True, False), ("pointer", "tma"), ("in_order", "longest_first")):
-        if loop_order == "fa1" and (loads, schedule) != ("pointer", "in_order"):
+    """Every loop order x exponent x causal split x tile loading x schedule x key splits x (block_m,
+    block_n, num_warps, num_stages)."""
+    for loop_order, exp, split, loads, schedule, kv_splits in itertools.product(
+            ("fa2", "fa1"), ("exp2", "exp"), (True, False), ("pointer", "tma"), ("in_order", "longest_first"), (1, 4)):
+        if loop_order == "fa1" and (loads, schedule, kv_splits) != ("pointer", "in_order", 1):
             continue
         for block_m, block_n, warps, stages in blocks if loop_order == "fa2" else fa1_blocks:
             yield FwdKnobs(loop_order=loop_order, block_m=block_m, block_n=block_n, num_warps=warps,
-                           num_stages=stages, exp=exp, causal_split=split, loads=loads, schedule=schedule)
+                           num_stages=stages, exp=exp, causal_split=split, loads=loads, schedule=schedule,
+                           kv_splits=kv_splits)
 
 
 def run_variant(knobs, shape, dtype, device, causal, transposed=False, seed=0) -> bool:
@@ -71,6 +72,23 @@ def test_variant_matches_reference(knobs):
 def test_float32(loop_order):
     knobs = FwdKnobs(loop_order=loop_order, block_m=32, block_n=16, num_warps=2)
     run_shapes(knobs, [(1, 2, 1, 45, 61, 40)], torch.float32, DEVICE)
+
+
+@pytest.mark.parametrize("exp", ["exp2", "exp"])
+def test_softmax_range(exp):
+    """Scores that jump by a factor of e^100 and more late in the key loop (keys scaled up from the middle
+    on: every earlier term is rescaled to nothing), and rows whose every score is far below -126 in log2
+    units, in a causal problem with more queries than keys (its first rows see no key): no overflow, no
+    underflow to 0, no nan."""
+    knobs = FwdKnobs(block_m=16, block_n=16, num_warps=2, num_stages=2, exp=exp)
+    q, k, v = make_qkv(1, 2, 2, 40, 37, 32, torch.float32, DEVICE, seed=5)
+    k[:, :, 20:] *= 30.0  # scores of up to ~1e3 after 20 keys of ~1
+    for scale, causal, sign in ((0.2, False, 1), (0.2, True, 1), (100.0, True, -1)):  # -1: every score -1e3 or less
+        q_run = -q.abs() if sign < 0 else q
+        k_run = k.abs() if sign < 0 else k
+        out, lse = poisoned_outputs(q_run)
+        codegen.load(knobs).forward(q_run, k_run, v, out, lse, scale, causal)
+        assert_matches_reference(out, lse, q_run, k_run, v, causal, scale)
 
 
 GPU_SHAPES = [

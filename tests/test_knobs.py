@@ -68,10 +68,29 @@ def test_fit_moves_a_huge_batch_to_the_grids_x_axis():
 
 def test_tuner_skips_tiles_far_below_the_problem():
     from autoflash.knobs import not_worth_timing
-    assert not_worth_timing(FwdKnobs(block_m=32, block_n=64, num_warps=2), PROBLEM)
-    assert not_worth_timing(FwdKnobs(block_m=64, block_n=64, num_warps=8), PROBLEM)
-    assert not not_worth_timing(FwdKnobs(block_m=128, block_n=64, num_warps=8), PROBLEM)
+    assert not_worth_timing(FwdKnobs(block_m=32, block_n=64, num_warps=2), PROBLEM, H100)
+    assert not_worth_timing(FwdKnobs(block_m=64, block_n=64, num_warps=8), PROBLEM, H100)
+    assert not not_worth_timing(FwdKnobs(block_m=128, block_n=64, num_warps=8), PROBLEM, H100)
     decode = dataclasses.replace(PROBLEM, seqlen_q=1)
-    assert not not_worth_timing(FwdKnobs(block_m=16, block_n=64, num_warps=4), decode)
-    assert not_worth_timing(FwdKnobs(schedule="longest_first"), PROBLEM), "order matters only under causal masking"
-    assert not not_worth_timing(FwdKnobs(schedule="longest_first"), dataclasses.replace(PROBLEM, causal=True))
+    assert not not_worth_timing(FwdKnobs(block_m=16, block_n=64, num_warps=4), decode, H100)
+    assert not_worth_timing(FwdKnobs(schedule="longest_first"), PROBLEM, H100), "order matters only under causal masking"
+    assert not not_worth_timing(FwdKnobs(schedule="longest_first"), dataclasses.replace(PROBLEM, causal=True), H100)
+
+
+def test_key_splits_only_where_sms_would_idle():
+    from autoflash.knobs import not_worth_timing
+    decode = dataclasses.replace(PROBLEM, seqlen_q=1)
+    assert not not_worth_timing(FwdKnobs(block_m=16, block_n=64, num_warps=4, kv_splits=16), decode, H100)
+    busy = dataclasses.replace(PROBLEM, batch=8)  # 8 x 8 heads x 32 query blocks
+    assert not_worth_timing(FwdKnobs(kv_splits=2), busy, H100)
+    short = dataclasses.replace(decode, seqlen_k=100)  # two key blocks of 64
+    assert not_worth_timing(FwdKnobs(block_m=16, block_n=64, num_warps=4, kv_splits=2), short, H100)
+    assert not violations(FwdKnobs(block_m=16, num_warps=2, kv_splits=16), decode, H100)
+    assert violations(FwdKnobs(loop_order="fa1", kv_splits=2), decode, H100), "fa1 has no key splits"
+
+
+def test_default_splits_keys_for_decode_only():
+    from autoflash.defaults import default_knobs
+    decode = dataclasses.replace(PROBLEM, seqlen_q=1)
+    assert default_knobs(decode, H100).kv_splits > 1
+    assert default_knobs(PROBLEM, H100).kv_splits == 1  # 256 programs of 128 query rows fill the 132 SMs

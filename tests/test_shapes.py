@@ -1,5 +1,7 @@
 """Problems files: grids, defaults, and errors that name the entry and the field."""
 
+from pathlib import Path
+
 import pytest
 
 from autoflash.problem import Problem
@@ -24,6 +26,11 @@ def test_fa_grid_has_24_problems_of_16k_tokens():
     problems = load_problems("examples/fa_grid.yaml")
     assert len(problems) == 24 and all(p.batch * p.seqlen_q == 16384 and p.heads_q * p.head_dim == 2048
                                        for p in problems)
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "examples").glob("*.yaml")))
+def test_every_example_file_loads(path):
+    assert load_problems(path)
 
 
 @pytest.mark.parametrize("text, message", [

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from autoflash.cli.common import db_option, gpu_option, problems_of, resolve_gpu, shapes_option
+from autoflash.cli.common import as_url, db_option, gpu_option, problems_of, resolve_gpu, shapes_option
 
 
 @click.command()
@@ -25,7 +25,7 @@ def export(gpu_name, shapes_file, db_url, out_dir):
         gpu = gpus.by_family(family)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    urls = [db_url] if db_url else [u for u in (user_url(), *shipped_urls()) if u]
+    urls = [as_url(db_url)] if db_url else [u for u in (user_url(), *shipped_urls()) if u]
     dispatcher = Dispatcher(urls)
     if shapes_file:
         problems = problems_of(shapes_file)

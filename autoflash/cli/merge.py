@@ -7,19 +7,19 @@ from autoflash.cli.common import open_store
 
 @click.command()
 @click.argument("sources", nargs=-1, required=True)
-@click.option("--into", "into_url", required=True, help="SQLAlchemy URL of the database to copy into (created if new)")
+@click.option("--into", "into_url", required=True, help="SQLAlchemy URL or SQLite file to copy into (created if new)")
 @click.option("--standalone", is_flag=True, help="SQLite: leave the result as one self-contained file (as tuning_db/ ships)")
 @click.option("--current-only", is_flag=True, help="copy only trials of the templates this autoflash renders")
 def merge(sources, into_url, standalone, current_only):
-    """Copy the trials and baselines of the SOURCES databases (SQLAlchemy URLs) into --into, keeping their
+    """Copy the trials and baselines of the SOURCES databases (SQLAlchemy URLs or SQLite files) into --into, keeping their
     versions and times; rows already there are not copied twice."""
     from autoflash import codegen
     from autoflash.knobs import DIRECTIONS
 
     into = open_store(into_url)
     fingerprints = {d: codegen.template_fingerprint(d) for d in DIRECTIONS} if current_only else None
-    for url in sources:
-        trials, baselines = into.merge(open_store(url, readonly=True), fingerprints)
-        click.echo(f"{url}: {trials} trial(s), {baselines} baseline(s) copied into {into.url}")
+    for source in sources:
+        trials, baselines = into.merge(open_store(source, readonly=True), fingerprints)
+        click.echo(f"{source}: {trials} trial(s), {baselines} baseline(s) copied into {into.url}")
     if standalone:
         into.make_standalone()

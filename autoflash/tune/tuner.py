@@ -93,7 +93,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
 
     def is_valid(point) -> bool:
         knobs = knobs_class(**point)
-        return not violations(knobs, problem, gpu) and not not_worth_timing(knobs, problem)
+        return not violations(knobs, problem, gpu) and not not_worth_timing(knobs, problem, gpu)
 
     warm = [default_knobs(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
             *nearest_tuned(store, gpu, problem, direction)]

@@ -1,0 +1,52 @@
+"""Launching compiled kernels without Triton's per-call argument binding.
+
+`kernel[grid](*args)` binds, specialises and looks up every argument on every call: 31-62 µs of host
+time for the forward's 30 arguments on the H100 machine (benchmarks/NOTES.md, 16.). A call signature
+of `autoflash.attention` fixes everything but the tensors' addresses, so its plan compiles each kernel
+once (`compile_launch`) and from then on starts the compiled kernel with the new tensors.
+"""
+
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Global memory a kernel asks for at launch (where TMA variants write their tensor descriptors)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
+    """`kernel[grid](*args, **options)` compiled now for `args[0].device`, as a function of new values of
+    its first `tensor_count` args (the rest stay as given here).
+
+    Valid while everything Triton specialises on stays the same: the other args, and the new tensors'
+    dtypes and 16-byte alignment (callers key their plans on these)."""
+    rest = args[tensor_count:]
+    if not isinstance(kernel, JITFunction):  # Triton's interpreter: nothing compiled to keep
+        return lambda *tensors: kernel[grid](*tensors, *rest, **options)
+    index, driver = args[0].device.index, triton.runtime.driver.active
+    with torch.cuda.device(index):  # compiled and loaded in the context of the tensors' device
+        compiled = kernel.warmup(*args, grid=grid, **options)
+        # The compiled kernel takes every parameter positionally, constexprs included (it skips them).
+        named = dict(zip(kernel.arg_names, args)) | options
+        run = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+    rest = [named[name] for name in kernel.arg_names[tensor_count:]]
+    needs_allocator = compiled.metadata.global_scratch_size > 0
+
+    def launch(*tensors):
+        if driver.get_current_device() != index:
+            with torch.cuda.device(index):
+                return launch(*tensors)
+        if needs_allocator:  # Triton's allocator is per thread (a ContextVar): set it where we launch
+            triton.set_allocator(_scratch)
+        run(*tensors, *rest, stream=driver.get_current_stream(index))
+    return launch
+
+
+def forward_plan(module, q, k, v, out, lse, softmax_scale: float, causal: bool):
+    """forward(q, k, v, out, lse) of a variant's module for every call shaped like this one (lse given or
+    None alike), its kernels compiled now; variants without a plan (fa1) launch through Triton each call."""
+    if not hasattr(module, "forward_plan"):
+        return lambda q, k, v, out, lse: module.forward(q, k, v, out, lse, softmax_scale, causal)
+    return module.forward_plan(q, k, v, out, lse, softmax_scale, causal, compile=compile_launch)
