@@ -1,7 +1,7 @@
 """Time knob changes against each problem's best known forward variant, in one run on one GPU.
 
-    python benchmarks/fwd_variants.py --shapes examples/fa_grid.yaml --db sqlite:///tuning_db/h100.db \
-        --vary rescale=lazy --vary loads=tma,warp_specialize=true --out results.jsonl
+    python benchmarks/fwd_variants.py --shapes examples/fa_grid.yaml --db tuning_db/h100.db \
+        --vary kv_splits=2 --vary loads=tma,num_warps=8 --out results.jsonl
 
 For each problem: the base is its best variant in the database (the winner under the newest template
 that has one, old templates included: the experiment asks whether a new knob value beats it), else the
@@ -21,6 +21,7 @@ import triton
 
 import autoflash
 from autoflash import gpu as gpus
+from autoflash.cli.common import as_url
 from autoflash.db.store import Store
 from autoflash.defaults import default_knobs
 from autoflash.knobs import FwdKnobs, violations
@@ -40,11 +41,11 @@ def override(text: str) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", required=True)
-    parser.add_argument("--db", required=True, help="database holding the base variants")
+    parser.add_argument("--db", required=True, help="database holding the base variants (URL or SQLite file)")
     parser.add_argument("--vary", action="append", default=[], help="knob=value[,knob=value]; repeatable")
     parser.add_argument("--out")
     args = parser.parse_args()
-    gpu, store = gpus.current(), Store(args.db, readonly=True)
+    gpu, store = gpus.current(), Store(as_url(args.db), readonly=True)
     changes = [override(text) for text in args.vary]
     common = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   autoflash=autoflash.__version__, command="python " + " ".join(sys.argv),
