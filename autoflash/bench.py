@@ -16,16 +16,6 @@ SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBack
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
-def _inputs(p: Problem, device, seed: int, direction: str):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim, device=device, dtype=p.torch_dtype, generator=gen)
-    k, v = (torch.randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, device=device, dtype=p.torch_dtype,
-                        generator=gen) for _ in range(2))
-    if direction == "fwd":
-        return q, k, v
-    return q, k, v, torch.randn(q.shape, device=device, dtype=p.torch_dtype, generator=gen)
-
-
 def _sdpa(backend, p: Problem):
     def run(q, k, v):
         with sdpa_kernel(backend):
@@ -37,7 +27,7 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd") -> l
     """One row per implementation: backend, ms and TFLOP/s of the forward (or of the backward alone),
     or the error that stopped it."""
     per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
-    sets = [_inputs(p, device, seed, direction)
+    sets = [p.random_inputs(device, seed, with_dout=direction == "bwd")
             for seed in range(input_sets(per_set * (2 if direction == "bwd" else 1), device))]
     implementations = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal)}
     implementations.update({name: _sdpa(backend, p) for name, backend in SDPA_BACKENDS.items()})
@@ -66,7 +56,7 @@ def precompile(problems: list[Problem], direction: str, workers: int) -> None:
 
 
 def _run_once(p: Problem, direction: str) -> None:
-    inputs = _inputs(p, torch.device("cuda"), 0, direction)
+    inputs = p.random_inputs(torch.device("cuda"), 0, with_dout=direction == "bwd")
     if direction == "fwd":
         autoflash.attention(*inputs, causal=p.causal)
     else:

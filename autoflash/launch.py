@@ -22,9 +22,9 @@ def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
 
     Valid while everything Triton specialises on stays the same: the other args, and the new tensors'
     dtypes and 16-byte alignment (callers key their plans on these)."""
-    rest = args[tensor_count:]
     if not isinstance(kernel, JITFunction):  # Triton's interpreter: nothing compiled to keep
-        return lambda *tensors: kernel[grid](*tensors, *rest, **options)
+        given = args[tensor_count:]
+        return lambda *tensors: kernel[grid](*tensors, *given, **options)
     index, driver = args[0].device.index, triton.runtime.driver.active
     with torch.cuda.device(index):  # compiled and loaded in the context of the tensors' device
         compiled = kernel.warmup(*args, grid=grid, **options)

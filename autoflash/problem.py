@@ -47,6 +47,18 @@ class Problem:
     def element_size(self) -> int:
         return self.torch_dtype.itemsize
 
+    def random_inputs(self, device: torch.device, seed: int, with_dout: bool = False) -> tuple:
+        """Fresh normal (q, k, v), and dout with `with_dout`, from a generator seeded with `seed`."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def normal(heads, seqlen):
+            return torch.randn(self.batch, heads, seqlen, self.head_dim, generator=gen, device=device,
+                               dtype=self.torch_dtype)
+        q = normal(self.heads_q, self.seqlen_q)
+        k, v = normal(self.heads_kv, self.seqlen_k), normal(self.heads_kv, self.seqlen_k)
+        return (q, k, v, torch.randn(q.shape, generator=gen, device=device, dtype=self.torch_dtype)) if with_dout \
+            else (q, k, v)
+
     def visible_pairs(self) -> int:
         """(query, key) pairs that attend, per (batch, head): bottom-right causal or full."""
         if not self.causal:

@@ -67,17 +67,12 @@ class Bench:
 
     def _inputs(self, seed: int):
         p = self.problem
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        q = torch.randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim, generator=gen, device=self.device,
-                        dtype=p.torch_dtype)
-        k, v = (torch.randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, generator=gen, device=self.device,
-                            dtype=p.torch_dtype) for _ in range(2))
         if self.direction == "fwd":
-            return q, k, v
+            return p.random_inputs(self.device, seed)
+        q, k, v, dout = p.random_inputs(self.device, seed, with_dout=True)
         out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32, device=self.device)
         forward = codegen.load(default_knobs(p, gpus.current(self.device))).forward
         forward(q, k, v, out, lse, self.scale, p.causal)
-        dout = torch.randn(q.shape, generator=gen, device=self.device, dtype=p.torch_dtype)
         return q, k, v, out, lse, dout
 
     def _samples(self):
