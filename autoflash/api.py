@@ -182,7 +182,7 @@ def _choice_for(problem: Problem, gpu: Gpu, tma_aligned: bool, direction: str = 
                 deterministic: bool = False) -> Choice:
     """The dispatch choice, memoised per problem (and the plan of each call signature sits above it)."""
     choice = DISPATCHER.choice(problem, gpu, direction)
-    if direction == "fwd" and choice.knobs.loads == "tma" and not tma_aligned:
+    if direction == "fwd" and choice.knobs.loads != "pointer" and not tma_aligned:
         choice = replace(choice, knobs=replace(choice.knobs, loads="pointer"),
                          reason=choice.reason + "; TMA needs 16-byte aligned strides: pointer loads instead")
     if direction == "bwd" and deterministic and choice.knobs.dq == "atomic":

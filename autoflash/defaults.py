@@ -11,7 +11,7 @@ import triton
 
 from autoflash.gpu import Gpu
 from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, grid_y, head_dim_pad, not_worth_timing,
-                             programs, tma_violations, violations)
+                             programs, query_rows, tma_violations, violations)
 from autoflash.problem import Problem
 
 HALF = ("float16", "bfloat16")
@@ -26,7 +26,9 @@ _TABLE = [
     ("*", (9, 0), HALF, 64, FwdKnobs(block_m=128, block_n=64, num_warps=8, num_stages=4)),
     # H100, fp16, d128, exhaustive grid of 272 variants at 1k/4k/16k tokens (2026-11-22_h100_exhaustive_grid.log):
     # 128x64, 4 warps, 2 stages, TMA was fastest on all three; 128x128/8 warps/3 stages ran 7% (4k), 4% (16k) slower.
-    ("*", (9, 0), HALF, 128, FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma")),
+    # Descriptors built on the host ran 1.6-11% faster than built per program, most at 512-1k tokens
+    # (benchmarks/NOTES.md, 21.).
+    ("*", (9, 0), HALF, 128, FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma_host")),
     ("*", (9, 0), HALF, 256, FwdKnobs(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma")),
     ("*", (8, 0), HALF, 128, FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=3)),
     ("*", (0, 0), ANY, 256, FwdKnobs(block_m=64, block_n=32, num_warps=4, num_stages=2)),
@@ -43,16 +45,17 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> Knobs:
     for family, capability, dtypes, max_head_dim, knobs in _TABLE:
         if isinstance(knobs, KNOBS[direction]) and family in ("*", gpu.family) and gpu.capability >= capability \
                 and problem.dtype in dtypes and d <= max_head_dim:
-            return split_keys(fit(knobs, problem, gpu), problem, gpu)
+            return split_keys(fit(pack_heads(knobs, problem), problem, gpu), problem, gpu)
     raise LookupError(f"no default {direction} variant for {problem} on {gpu.name}")
 
 
 def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
     """Shrink `knobs` until it is valid for `problem`: tiles no larger than the sequences, TMA only
     where it can run, then smaller tiles and fewer warps until registers and shared memory fit."""
-    knobs = replace(knobs, block_m=min(knobs.block_m, max(16, triton.next_power_of_2(problem.seqlen_q))),
+    rows = query_rows(knobs, problem) if isinstance(knobs, FwdKnobs) else problem.seqlen_q
+    knobs = replace(knobs, block_m=min(knobs.block_m, max(16, triton.next_power_of_2(rows))),
                     block_n=min(knobs.block_n, max(16, triton.next_power_of_2(problem.seqlen_k))))
-    if isinstance(knobs, FwdKnobs) and knobs.loads == "tma" and tma_violations(problem, gpu):
+    if isinstance(knobs, FwdKnobs) and knobs.loads != "pointer" and tma_violations(problem, gpu):
         knobs = replace(knobs, loads="pointer")
     if isinstance(knobs, FwdKnobs) and grid_y(knobs, problem) > MAX_GRID_Y:  # batch x heads beyond the y axis
         knobs = replace(knobs, schedule="longest_first" if knobs.schedule == "in_order" else "in_order")
@@ -68,6 +71,17 @@ def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
         else:
             raise LookupError(f"no variant fits {problem} on {gpu.name}: {violations(knobs, problem, gpu)}")
     return knobs
+
+
+def pack_heads(knobs: Knobs, problem: Problem) -> Knobs:
+    """GQA/MQA where one head's query rows leave most of a tile empty (decode, speculative decode): pack
+    the query heads of a KV head into the tile. H100 (benchmarks/NOTES.md, 20.): decode and 4-token
+    steps with 4-16 query heads per KV head ran 1.3-4.7x faster packed (with key splits); a 2048-token
+    prefill ran at half the speed."""
+    if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2" or problem.heads_q == problem.heads_kv \
+            or problem.seqlen_q >= knobs.block_m:
+        return knobs
+    return replace(knobs, pack_gqa=True, loads="pointer")
 
 
 def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:

@@ -87,9 +87,10 @@ class FwdKnobs(Knobs):
     causal_split: bool = knob(True, (True, False),
                               "an unmasked loop over the key blocks every row sees whole, then a masked "
                               "loop over the causal band and the ragged tail; False masks every block")
-    loads: str = knob("pointer", ("pointer", "tma"),
-                      "how tiles move: pointer tensors with masks, or TMA tensor descriptors (Hopper on); "
-                      "block pointers are not offered: Triton removed them after 3.6")
+    loads: str = knob("pointer", ("pointer", "tma", "tma_host"),
+                      "how tiles move: pointer tensors with masks, or TMA tensor descriptors (Hopper on) that "
+                      "each program builds on the device (tma) or the launcher builds on the host, one per "
+                      "tensor and call (tma_host); block pointers are not offered: Triton removed them after 3.6")
     schedule: str = knob("in_order", ("in_order", "longest_first"),
                          "order of the query blocks: in_order walks each head's blocks from the first; "
                          "longest_first launches every head's last block first (under causal masking it "
@@ -101,6 +102,10 @@ class FwdKnobs(Knobs):
                           "programs that share one query tile's keys, each over a run of whole key blocks, "
                           "their partial results merged by a second kernel (flash-decoding): more programs "
                           "where batch x heads x query blocks leave SMs idle (fa2 only)")
+    pack_gqa: bool = knob(False, (False, True),
+                          "GQA/MQA: the query heads that share a KV head are the rows of one tile, position-major "
+                          "(row r: position r // group of the group's head r % group), so each K/V block is read "
+                          "once for the group and a decode step fills the tile's rows (fa2, pointer loads)")
 
     @property
     def template(self) -> str:
@@ -165,17 +170,29 @@ def accumulator_registers(knobs: Knobs, problem: Problem) -> int:
     return (knobs.block_m * knobs.block_n + knobs.block_m * d) // (32 * knobs.num_warps)
 
 
+def query_rows(knobs: FwdKnobs, problem: Problem) -> int:
+    """Rows a forward program's query tiles walk through: seqlen_q, or seqlen_q x group with pack_gqa."""
+    return problem.seqlen_q * (problem.heads_q // problem.heads_kv if knobs.pack_gqa else 1)
+
+
+def grid_heads(knobs: FwdKnobs, problem: Problem) -> int:
+    """Heads along a forward launch grid: the query heads, or the KV heads with pack_gqa."""
+    return problem.heads_kv if knobs.pack_gqa else problem.heads_q
+
+
 # CUDA launches at most 65535 blocks along a grid's y axis (x allows 2^31 - 1).
 MAX_GRID_Y = 65535
 
 
 def grid_y(knobs: Knobs, problem: Problem) -> int:
     """Programs along the y axis of the launch grid: batch x heads, or the query blocks of longest_first."""
-    if isinstance(knobs, FwdKnobs) and knobs.loop_order == "fa1":
+    if isinstance(knobs, BwdKnobs):
+        return problem.batch * problem.heads_q
+    if knobs.loop_order == "fa1":
         return 1
-    if isinstance(knobs, FwdKnobs) and knobs.schedule == "longest_first":
-        return triton.cdiv(problem.seqlen_q, knobs.block_m)
-    return problem.batch * max(problem.heads_q, problem.heads_kv)
+    if knobs.schedule == "longest_first":
+        return triton.cdiv(query_rows(knobs, problem), knobs.block_m)
+    return problem.batch * grid_heads(knobs, problem)
 
 
 def tma_violations(problem: Problem, gpu: Gpu) -> list[str]:
@@ -191,14 +208,21 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot (or should not) run `problem` on `gpu`; empty when it can."""
     why = []
     if isinstance(knobs, FwdKnobs):
-        if knobs.loop_order == "fa1" and (knobs.loads, knobs.schedule, knobs.kv_splits) != ("pointer", "in_order", 1):
-            why.append("fa1 is the paper's baseline loop order: pointer loads, in order, one program per key range")
-        if knobs.loads == "tma":
+        if knobs.loop_order == "fa1" and (knobs.loads, knobs.schedule, knobs.kv_splits, knobs.pack_gqa) != \
+                ("pointer", "in_order", 1, False):
+            why.append("fa1 is the paper's baseline loop order: pointer loads, in order, one program per key range "
+                       "and head")
+        if knobs.loads != "pointer":
             why += tma_violations(problem, gpu)
+            if knobs.pack_gqa:
+                why.append("pack_gqa gathers the rows of several heads into a tile: pointer loads only")
+        rows = query_rows(knobs, problem)
+    else:
+        rows = problem.seqlen_q
     if knobs.block_m * knobs.block_n < 128 * knobs.num_warps:
         why.append(f"{knobs.block_m}x{knobs.block_n} tile is too small for {knobs.num_warps} warps")
-    if knobs.block_m > max(16, triton.next_power_of_2(problem.seqlen_q)):
-        why.append(f"block_m {knobs.block_m} exceeds seqlen_q {problem.seqlen_q}")
+    if knobs.block_m > max(16, triton.next_power_of_2(rows)):
+        why.append(f"block_m {knobs.block_m} exceeds the {rows} query rows")
     if knobs.block_n > max(16, triton.next_power_of_2(problem.seqlen_k)):
         why.append(f"block_n {knobs.block_n} exceeds seqlen_k {problem.seqlen_k}")
     programs_y = grid_y(knobs, problem)
@@ -215,7 +239,7 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
 
 def programs(knobs: FwdKnobs, problem: Problem) -> int:
     """Programs of a forward launch before any key split: query blocks x batch x heads."""
-    return triton.cdiv(problem.seqlen_q, knobs.block_m) * problem.batch * problem.heads_q
+    return triton.cdiv(query_rows(knobs, problem), knobs.block_m) * problem.batch * grid_heads(knobs, problem)
 
 
 def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
@@ -224,9 +248,12 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     share fewer than 16 rows of the tile's long side each duplicate work, and key splits where the
     SMs have work enough or a split would hold less than two key blocks."""
     why = []
-    rows, keys = triton.next_power_of_2(problem.seqlen_q), triton.next_power_of_2(problem.seqlen_k)
+    keys = triton.next_power_of_2(problem.seqlen_k)
     # The tile side the MMA's rows run along: query rows forward, held key (or query) rows backward.
     if isinstance(knobs, FwdKnobs):
+        rows = triton.next_power_of_2(query_rows(knobs, problem))
+        if knobs.pack_gqa and problem.heads_q == problem.heads_kv:
+            why.append("no query heads share a KV head: nothing to pack")
         if knobs.schedule == "longest_first" and not problem.causal:
             why.append("without causal masking every query block does the same work: no order to choose")
         if knobs.kv_splits > 1 and programs(knobs, problem) >= 2 * gpu.multiprocessors:
@@ -235,6 +262,7 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
             why.append(f"{knobs.kv_splits} key splits of seqlen_k {problem.seqlen_k} hold less than 2 blocks each")
         small_m, small_n, mma_rows, extent = 64, 32, knobs.block_m, rows
     else:
+        rows = triton.next_power_of_2(problem.seqlen_q)
         small_m, small_n, mma_rows, extent = 32, 64, knobs.block_n, min(rows, keys)
     if knobs.block_m < min(small_m, rows):
         why.append(f"block_m {knobs.block_m} is far below seqlen_q {problem.seqlen_q}")

@@ -17,15 +17,16 @@ def _scratch(size: int, alignment: int, stream):
 
 
 def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
-    """`kernel[grid](*args, **options)` compiled now for `args[0].device`, as a function of new values of
-    its first `tensor_count` args (the rest stay as given here).
+    """`kernel[grid](*args, **options)` compiled now for the device of `args[0]` (a tensor or a tensor
+    descriptor), as a function of new values of its first `tensor_count` args (the rest stay as given here).
 
     Valid while everything Triton specialises on stays the same: the other args, and the new tensors'
     dtypes and 16-byte alignment (callers key their plans on these)."""
     if not isinstance(kernel, JITFunction):  # Triton's interpreter: nothing compiled to keep
         given = args[tensor_count:]
         return lambda *tensors: kernel[grid](*tensors, *given, **options)
-    index, driver = args[0].device.index, triton.runtime.driver.active
+    first = getattr(args[0], "base", args[0])  # a tensor, or a host-side TensorDescriptor of one
+    index, driver = first.device.index, triton.runtime.driver.active
     with torch.cuda.device(index):  # compiled and loaded in the context of the tensors' device
         compiled = kernel.warmup(*args, grid=grid, **options)
         # The compiled kernel takes every parameter positionally, constexprs included (it skips them).

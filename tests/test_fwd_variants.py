@@ -18,8 +18,9 @@ from helpers import assert_matches_reference, make_qkv, poisoned_outputs
 
 
 def variants(blocks, fa1_blocks):
-    """Every loop order x exponent x causal split x tile loading x schedule x key splits x (block_m,
-    block_n, num_warps, num_stages)."""
+    """Every loop order x exponent x causal split x tile loading (pointer, tma) x schedule x key splits x
+    (block_m, block_n, num_warps, num_stages); then host-built descriptors (tma_host) and packed query heads
+    (pointer loads only), each x causal split x key splits (x schedule for packing, which changes the grid)."""
     for loop_order, exp, split, loads, schedule, kv_splits in itertools.product(
             ("fa2", "fa1"), ("exp2", "exp"), (True, False), ("pointer", "tma"), ("in_order", "longest_first"), (1, 4)):
         if loop_order == "fa1" and (loads, schedule, kv_splits) != ("pointer", "in_order", 1):
@@ -28,6 +29,14 @@ def variants(blocks, fa1_blocks):
             yield FwdKnobs(loop_order=loop_order, block_m=block_m, block_n=block_n, num_warps=warps,
                            num_stages=stages, exp=exp, causal_split=split, loads=loads, schedule=schedule,
                            kv_splits=kv_splits)
+    for split, kv_splits in itertools.product((True, False), (1, 4)):
+        for block_m, block_n, warps, stages in blocks:
+            yield FwdKnobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages, causal_split=split,
+                           kv_splits=kv_splits, loads="tma_host")
+    for split, kv_splits, schedule in itertools.product((True, False), (1, 4), ("in_order", "longest_first")):
+        for block_m, block_n, warps, stages in blocks:
+            yield FwdKnobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages, causal_split=split,
+                           kv_splits=kv_splits, schedule=schedule, pack_gqa=True)
 
 
 def run_variant(knobs, shape, dtype, device, causal, transposed=False, seed=0) -> bool:
@@ -66,6 +75,13 @@ SMALL_VARIANTS = list(variants(SMALL_BLOCKS, SMALL_BLOCKS))
 @pytest.mark.parametrize("knobs", SMALL_VARIANTS, ids=str)
 def test_variant_matches_reference(knobs):
     run_shapes(knobs, SMALL_SHAPES, torch.float16, DEVICE)
+
+
+@pytest.mark.parametrize("knobs", [k for k in SMALL_VARIANTS if k.pack_gqa], ids=str)
+def test_pack_gqa_decode(knobs):
+    """Packed query heads where the group fills less than a tile (decode, GQA 8/2) and where a tile's
+    rows start and end inside a position (GQA 12/2 at 6 positions: 36 rows, tiles of 16 and 32)."""
+    run_shapes(knobs, [(2, 8, 2, 1, 50, 32), (1, 12, 2, 6, 40, 16)], torch.float16, DEVICE)
 
 
 @pytest.mark.parametrize("loop_order", ["fa2", "fa1"])

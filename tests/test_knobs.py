@@ -43,7 +43,11 @@ def test_values_outside_the_choices_are_refused():
     (FwdKnobs(loads="tma"), A100, PROBLEM, "compute capability 9.0"),
     (FwdKnobs(loads="tma"), H100, dataclasses.replace(PROBLEM, head_dim=36), "16-byte rows"),
     (FwdKnobs(block_m=16, block_n=16, num_warps=8), H100, PROBLEM, "too small for 8 warps"),
-    (FwdKnobs(block_m=128), H100, dataclasses.replace(PROBLEM, seqlen_q=7), "exceeds seqlen_q"),
+    (FwdKnobs(block_m=128), H100, dataclasses.replace(PROBLEM, seqlen_q=7), "exceeds the 7 query rows"),
+    (FwdKnobs(block_m=64, pack_gqa=True), H100, dataclasses.replace(PROBLEM, heads_kv=2, seqlen_q=7),
+     "exceeds the 28 query rows"),
+    (FwdKnobs(loads="tma", pack_gqa=True), H100, dataclasses.replace(PROBLEM, heads_kv=2), "pointer loads only"),
+    (FwdKnobs(loop_order="fa1", pack_gqa=True), H100, dataclasses.replace(PROBLEM, heads_kv=2), "program per key"),
     (FwdKnobs(block_n=256, num_stages=5), H100, PROBLEM, "shared memory"),
     (FwdKnobs(block_m=256, block_n=128, num_warps=4), H100, PROBLEM, "registers"),
 ])
@@ -94,3 +98,22 @@ def test_default_splits_keys_for_decode_only():
     decode = dataclasses.replace(PROBLEM, seqlen_q=1)
     assert default_knobs(decode, H100).kv_splits > 1
     assert default_knobs(PROBLEM, H100).kv_splits == 1  # 256 programs of 128 query rows fill the 132 SMs
+
+
+def test_packed_heads_change_the_grid():
+    from autoflash.knobs import grid_y, not_worth_timing, programs
+    gqa_decode = dataclasses.replace(PROBLEM, batch=2, heads_kv=2, seqlen_q=1)  # 4 query heads per KV head
+    packed, unpacked = FwdKnobs(block_m=16, num_warps=2, pack_gqa=True), FwdKnobs(block_m=16, num_warps=2)
+    assert (programs(packed, gqa_decode), grid_y(packed, gqa_decode)) == (4, 4)  # one 16-row tile per KV head
+    assert (programs(unpacked, gqa_decode), grid_y(unpacked, gqa_decode)) == (16, 16)
+    assert not_worth_timing(packed, dataclasses.replace(gqa_decode, heads_kv=8), H100), "no group: nothing to pack"
+    assert not violations(packed, gqa_decode, H100)
+
+
+def test_default_packs_query_heads_for_gqa_decode_only():
+    from autoflash.defaults import default_knobs
+    gqa = dataclasses.replace(PROBLEM, heads_kv=2)
+    decode = default_knobs(dataclasses.replace(gqa, seqlen_q=1), H100)
+    assert decode.pack_gqa and decode.loads == "pointer" and decode.kv_splits > 1
+    assert not default_knobs(gqa, H100).pack_gqa  # 4096 query rows per head fill their tiles
+    assert not default_knobs(dataclasses.replace(PROBLEM, seqlen_q=1), H100).pack_gqa  # MHA: nothing to pack
