@@ -144,3 +144,17 @@ def test_tuner_starts_from_the_winners_of_earlier_templates(tuned_db):
     store = Store(tuned_db)
     assert earlier_best(store, H100, BASE) == [ELSEWHERE], "the record of other templates is a first guess"
     assert earlier_best(store, H100, dataclasses.replace(BASE, causal=True)) == []
+
+
+@pytest.mark.parametrize("loads", ["tma", "tma_host"])
+def test_tma_winners_use_pointer_loads_on_misaligned_tensors(tmp_path, monkeypatch, loads):
+    url = f"sqlite:///{tmp_path / 'tma.db'}"
+    record(Store(url), H100, BASE, dataclasses.replace(FAST, loads=loads), 1.0)
+    monkeypatch.setattr(api, "DISPATCHER", Dispatcher([url]))
+    api._choice_for.cache_clear()
+    try:
+        assert api._choice_for(BASE, H100, True).knobs.loads == loads
+        fallback = api._choice_for(BASE, H100, False)
+        assert fallback.knobs.loads == "pointer" and "pointer loads instead" in fallback.reason
+    finally:
+        api._choice_for.cache_clear()

@@ -41,6 +41,8 @@ def test_values_outside_the_choices_are_refused():
     (FwdKnobs(), H100, dataclasses.replace(PROBLEM, batch=16384, seqlen_q=1), "grid's y axis"),
     (BwdKnobs(block_n=16, block_m=16, num_warps=2), H100, dataclasses.replace(PROBLEM, batch=8192), "grid's y axis"),
     (FwdKnobs(loads="tma"), A100, PROBLEM, "compute capability 9.0"),
+    (FwdKnobs(loads="tma_host"), A100, PROBLEM, "compute capability 9.0"),
+    (FwdKnobs(loads="tma_host"), H100, dataclasses.replace(PROBLEM, head_dim=36), "16-byte rows"),
     (FwdKnobs(loads="tma"), H100, dataclasses.replace(PROBLEM, head_dim=36), "16-byte rows"),
     (FwdKnobs(block_m=16, block_n=16, num_warps=8), H100, PROBLEM, "too small for 8 warps"),
     (FwdKnobs(block_m=128), H100, dataclasses.replace(PROBLEM, seqlen_q=7), "exceeds the 7 query rows"),
