@@ -89,10 +89,13 @@ def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
     the most splits (a power of two) that keep the programs within two per SM and each split two key
     blocks or more. H100 (benchmarks/NOTES.md, 17.): 64 programs of 1024 x 16384 keys ran 1.9x faster
     with 4 splits; 128 programs of 4096 x 4096 keys ran 12% slower with 2."""
-    if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2" or 2 * programs(knobs, problem) > gpu.multiprocessors:
+    if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2":
+        return knobs
+    count = programs(knobs, problem)
+    if 2 * count > gpu.multiprocessors:
         return knobs
     for splits in sorted(FwdKnobs.choices()["kv_splits"], reverse=True):
         candidate = replace(knobs, kv_splits=splits)
-        if programs(knobs, problem) * splits <= 2 * gpu.multiprocessors and not not_worth_timing(candidate, problem, gpu):
+        if count * splits <= 2 * gpu.multiprocessors and not not_worth_timing(candidate, problem, gpu):
             return candidate
     return knobs

@@ -252,12 +252,13 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     # The tile side the MMA's rows run along: query rows forward, held key (or query) rows backward.
     if isinstance(knobs, FwdKnobs):
         rows = triton.next_power_of_2(query_rows(knobs, problem))
+        count = programs(knobs, problem)
         if knobs.pack_gqa and problem.heads_q == problem.heads_kv:
             why.append("no query heads share a KV head: nothing to pack")
         if knobs.schedule == "longest_first" and not problem.causal:
             why.append("without causal masking every query block does the same work: no order to choose")
-        if knobs.kv_splits > 1 and programs(knobs, problem) >= 2 * gpu.multiprocessors:
-            why.append(f"{programs(knobs, problem)} programs already fill {gpu.multiprocessors} SMs twice: no key split")
+        if knobs.kv_splits > 1 and count >= 2 * gpu.multiprocessors:
+            why.append(f"{count} programs already fill {gpu.multiprocessors} SMs twice: no key split")
         if knobs.kv_splits > 1 and triton.cdiv(problem.seqlen_k, knobs.block_n) < 2 * knobs.kv_splits:
             why.append(f"{knobs.kv_splits} key splits of seqlen_k {problem.seqlen_k} hold less than 2 blocks each")
         small_m, small_n, mma_rows, extent = 64, 32, knobs.block_m, rows
@@ -265,7 +266,7 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
         rows = triton.next_power_of_2(problem.seqlen_q)
         small_m, small_n, mma_rows, extent = 32, 64, knobs.block_n, min(rows, keys)
     if knobs.block_m < min(small_m, rows):
-        why.append(f"block_m {knobs.block_m} is far below seqlen_q {problem.seqlen_q}")
+        why.append(f"block_m {knobs.block_m} is far below the query rows (padded: {rows})")
     if knobs.block_n < min(small_n, keys):
         why.append(f"block_n {knobs.block_n} is far below seqlen_k {problem.seqlen_k}")
     if extent >= 16 * knobs.num_warps > mma_rows:
