@@ -10,8 +10,8 @@ from dataclasses import replace
 import triton
 
 from autoflash.gpu import Gpu
-from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, grid_y, head_dim_pad, not_worth_timing,
-                             programs, query_rows, tma_violations, violations)
+from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, column_tiles, grid_y, head_dim_pad,
+                             not_worth_timing, programs, query_rows, tma_violations, violations)
 from autoflash.problem import Problem
 
 HALF = ("float16", "bfloat16")
@@ -45,7 +45,7 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> Knobs:
     for family, capability, dtypes, max_head_dim, knobs in _TABLE:
         if isinstance(knobs, KNOBS[direction]) and family in ("*", gpu.family) and gpu.capability >= capability \
                 and problem.dtype in dtypes and d <= max_head_dim:
-            return split_keys(fit(pack_heads(knobs, problem), problem, gpu), problem, gpu)
+            return split_keys(fit(split_head_dim(pack_heads(knobs, problem), problem), problem, gpu), problem, gpu)
     raise LookupError(f"no default {direction} variant for {problem} on {gpu.name}")
 
 
@@ -82,6 +82,16 @@ def pack_heads(knobs: Knobs, problem: Problem) -> Knobs:
             or problem.seqlen_q >= knobs.block_m:
         return knobs
     return replace(knobs, pack_gqa=True, loads="pointer")
+
+
+def split_head_dim(knobs: Knobs, problem: Problem) -> Knobs:
+    """Head dims between powers of two (40, 80, 96, ...): two column tiles where they span fewer columns than
+    one padded tile. H100 (benchmarks/NOTES.md, 26.-27.): the best split variant ran 1.03-1.07x (d40),
+    1.15-1.31x (d80) and 1.05-1.11x (d96) against the tuned unsplit ones, and tuning chose a split at all three."""
+    if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2":
+        return knobs
+    candidate = replace(knobs, head_dim_split=True)
+    return candidate if sum(column_tiles(candidate, problem)) < head_dim_pad(problem.head_dim) else knobs
 
 
 def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:

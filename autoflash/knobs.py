@@ -106,6 +106,10 @@ class FwdKnobs(Knobs):
                           "GQA/MQA: the query heads that share a KV head are the rows of one tile, position-major "
                           "(row r: position r // group of the group's head r % group), so each K/V block is read "
                           "once for the group and a decode step fills the tile's rows (fa2, pointer loads)")
+    head_dim_split: bool = knob(False, (False, True),
+                                "the head dim as two column tiles, the largest power of two below it and one for "
+                                "the rest, instead of one padded to a power of two: head dim 80 computes 64 + 16 "
+                                "columns, not 128 (fa2)")
 
     @property
     def template(self) -> str:
@@ -145,13 +149,22 @@ def head_dim_pad(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
+def column_tiles(knobs: Knobs, problem: Problem) -> tuple[int, ...]:
+    """Widths of the column tiles a program's Q, K, V and O tiles span: the head dim padded to a power of
+    two, or with head_dim_split the largest power of two below it and the rest padded (at least 16)."""
+    if not (isinstance(knobs, FwdKnobs) and knobs.head_dim_split):
+        return (head_dim_pad(problem.head_dim),)
+    first = triton.next_power_of_2(problem.head_dim) // 2
+    return first, max(16, triton.next_power_of_2(problem.head_dim - first))
+
+
 # A thread's fp32 tiles beyond this spill out of the 255 registers.
 MAX_ACCUMULATOR_REGISTERS = {"fwd": 192, "bwd": 256}
 
 
 def shared_memory_bytes(knobs: Knobs, problem: Problem) -> int:
     """Estimate of a program's shared memory: its resident tiles plus `num_stages` buffers of the streamed ones."""
-    d, size = head_dim_pad(problem.head_dim), problem.element_size
+    d, size = sum(column_tiles(knobs, problem)), problem.element_size
     if isinstance(knobs, BwdKnobs):
         # K, V resident; Q, dO streamed (the dQ pass: the same, transposed); Pᵀ and dSᵀ staged for the MMAs.
         # Measured (H100, d128, atomic dQ): 128x128 tiles, 2 stages need 263168 B, 128x64 (block_m x block_n),
@@ -164,7 +177,7 @@ def shared_memory_bytes(knobs: Knobs, problem: Problem) -> int:
 
 def accumulator_registers(knobs: Knobs, problem: Problem) -> int:
     """fp32 registers per thread for the score tile(s) and the accumulators."""
-    d = head_dim_pad(problem.head_dim)
+    d = sum(column_tiles(knobs, problem))
     if isinstance(knobs, BwdKnobs):  # Sᵀ and dPᵀ, dK and dV
         return (2 * knobs.block_n * knobs.block_m + 2 * knobs.block_n * d) // (32 * knobs.num_warps)
     return (knobs.block_m * knobs.block_n + knobs.block_m * d) // (32 * knobs.num_warps)
@@ -208,14 +221,16 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot (or should not) run `problem` on `gpu`; empty when it can."""
     why = []
     if isinstance(knobs, FwdKnobs):
-        if knobs.loop_order == "fa1" and (knobs.loads, knobs.schedule, knobs.kv_splits, knobs.pack_gqa) != \
-                ("pointer", "in_order", 1, False):
+        if knobs.loop_order == "fa1" and (knobs.loads, knobs.schedule, knobs.kv_splits, knobs.pack_gqa,
+                                          knobs.head_dim_split) != ("pointer", "in_order", 1, False, False):
             why.append("fa1 is the paper's baseline loop order: pointer loads, in order, one program per key range "
                        "and head")
         if knobs.loads != "pointer":
             why += tma_violations(problem, gpu)
             if knobs.pack_gqa:
                 why.append("pack_gqa gathers the rows of several heads into a tile: pointer loads only")
+        if knobs.head_dim_split and column_tiles(knobs, problem)[0] < 16:
+            why.append(f"head_dim_split: head dim {problem.head_dim} leaves a first column tile below tl.dot's 16")
         rows = query_rows(knobs, problem)
     else:
         rows = problem.seqlen_q
@@ -255,6 +270,9 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
         count = programs(knobs, problem)
         if knobs.pack_gqa and problem.heads_q == problem.heads_kv:
             why.append("no query heads share a KV head: nothing to pack")
+        if knobs.head_dim_split and sum(column_tiles(knobs, problem)) >= head_dim_pad(problem.head_dim):
+            why.append(f"head_dim_split: column tiles {' + '.join(map(str, column_tiles(knobs, problem)))} are no "
+                       f"fewer than one tile of {head_dim_pad(problem.head_dim)}")
         if knobs.schedule == "longest_first" and not problem.causal:
             why.append("without causal masking every query block does the same work: no order to choose")
         if knobs.kv_splits > 1 and count >= 2 * gpu.multiprocessors:

@@ -18,12 +18,16 @@ from helpers import assert_matches_reference, make_qkv, poisoned_outputs
 
 
 def variants(blocks, fa1_blocks):
-    """Every loop order x exponent x causal split x tile loading (pointer, tma) x schedule x key splits x
-    (block_m, block_n, num_warps, num_stages); then host-built descriptors (tma_host) and packed query heads
-    (pointer loads only), each x causal split x key splits (x schedule for packing, which changes the grid)."""
+    """Every loop order x causal split x tile loading (pointer, tma) x schedule x key splits x (block_m,
+    block_n, num_warps, num_stages), with exp2 (exp: pointer loads only, the exponent is loop code that
+    loading does not touch); then host-built descriptors (tma_host) and packed query heads (pointer loads
+    only), each x causal split x key splits (x schedule for packing, which changes the grid); then the
+    head dim as two column tiles, for every way of loading tiles (packed heads included) x key splits."""
     for loop_order, exp, split, loads, schedule, kv_splits in itertools.product(
             ("fa2", "fa1"), ("exp2", "exp"), (True, False), ("pointer", "tma"), ("in_order", "longest_first"), (1, 4)):
         if loop_order == "fa1" and (loads, schedule, kv_splits) != ("pointer", "in_order", 1):
+            continue
+        if exp == "exp" and loads != "pointer":
             continue
         for block_m, block_n, warps, stages in blocks if loop_order == "fa2" else fa1_blocks:
             yield FwdKnobs(loop_order=loop_order, block_m=block_m, block_n=block_n, num_warps=warps,
@@ -37,6 +41,12 @@ def variants(blocks, fa1_blocks):
         for block_m, block_n, warps, stages in blocks:
             yield FwdKnobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages, causal_split=split,
                            kv_splits=kv_splits, schedule=schedule, pack_gqa=True)
+    for loads, pack, kv_splits in itertools.product(("pointer", "tma", "tma_host"), (False, True), (1, 4)):
+        if pack and loads != "pointer":
+            continue
+        for block_m, block_n, warps, stages in blocks:
+            yield FwdKnobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages, loads=loads,
+                           pack_gqa=pack, kv_splits=kv_splits, causal_split=kv_splits == 1, head_dim_split=True)
 
 
 def run_variant(knobs, shape, dtype, device, causal, transposed=False, seed=0) -> bool:

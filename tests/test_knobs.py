@@ -50,6 +50,8 @@ def test_values_outside_the_choices_are_refused():
      "exceeds the 28 query rows"),
     (FwdKnobs(loads="tma", pack_gqa=True), H100, dataclasses.replace(PROBLEM, heads_kv=2), "pointer loads only"),
     (FwdKnobs(loop_order="fa1", pack_gqa=True), H100, dataclasses.replace(PROBLEM, heads_kv=2), "program per key"),
+    (FwdKnobs(loop_order="fa1", head_dim_split=True), H100, PROBLEM, "program per key"),
+    (FwdKnobs(head_dim_split=True), H100, dataclasses.replace(PROBLEM, head_dim=16), "below tl.dot's 16"),
     (FwdKnobs(block_n=256, num_stages=5), H100, PROBLEM, "shared memory"),
     (FwdKnobs(block_m=256, block_n=128, num_warps=4), H100, PROBLEM, "registers"),
 ])
@@ -119,3 +121,31 @@ def test_default_packs_query_heads_for_gqa_decode_only():
     assert decode.pack_gqa and decode.loads == "pointer" and decode.kv_splits > 1
     assert not default_knobs(gqa, H100).pack_gqa  # 4096 query rows per head fill their tiles
     assert not default_knobs(dataclasses.replace(PROBLEM, seqlen_q=1), H100).pack_gqa  # MHA: nothing to pack
+
+
+@pytest.mark.parametrize("head_dim, tiles", [(40, (32, 16)), (80, (64, 16)), (96, (64, 32)), (72, (64, 16)),
+                                             (160, (128, 32)), (200, (128, 128))])
+def test_head_dim_split_tiles(head_dim, tiles):
+    from autoflash.knobs import column_tiles, shared_memory_bytes
+    problem = dataclasses.replace(PROBLEM, head_dim=head_dim)
+    split, padded = FwdKnobs(head_dim_split=True), FwdKnobs()
+    assert column_tiles(split, problem) == tiles and sum(tiles) >= head_dim
+    assert shared_memory_bytes(split, problem) * column_tiles(padded, problem)[0] == \
+        shared_memory_bytes(padded, problem) * sum(tiles)  # the estimates follow the columns the tiles span
+
+
+def test_tuner_skips_splits_that_save_no_columns():
+    from autoflash.knobs import not_worth_timing
+    split = FwdKnobs(head_dim_split=True)
+    for head_dim in (64, 112, 128):  # 32 + 32, 64 + 64, 64 + 64: as many columns as one padded tile
+        assert any("no fewer" in why for why in not_worth_timing(split, dataclasses.replace(PROBLEM, head_dim=head_dim),
+                                                                  H100))
+    assert not not_worth_timing(split, dataclasses.replace(PROBLEM, head_dim=80), H100)
+
+
+def test_default_splits_head_dims_between_powers_of_two():
+    from autoflash.defaults import default_knobs
+    for head_dim, split in ((40, True), (80, True), (96, True), (64, False), (112, False), (128, False)):
+        problem = dataclasses.replace(PROBLEM, head_dim=head_dim)
+        assert default_knobs(problem, H100).head_dim_split is split, head_dim
+        assert not violations(default_knobs(problem, H100), problem, H100)
