@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from autoflash import codegen
 from autoflash.gpu import INTERPRETER, Gpu
 from autoflash.knobs import BwdKnobs, FwdKnobs, InvalidKnobs, check, violations
 from autoflash.problem import Problem
@@ -130,6 +131,7 @@ def test_head_dim_split_tiles(head_dim, tiles):
     problem = dataclasses.replace(PROBLEM, head_dim=head_dim)
     split, padded = FwdKnobs(head_dim_split=True), FwdKnobs()
     assert column_tiles(split, problem) == tiles and sum(tiles) >= head_dim
+    assert codegen.load(split)._column_tiles(head_dim) == tiles  # the kernels' launcher splits alike
     assert shared_memory_bytes(split, problem) * column_tiles(padded, problem)[0] == \
         shared_memory_bytes(padded, problem) * sum(tiles)  # the estimates follow the columns the tiles span
 
