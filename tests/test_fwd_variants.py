@@ -94,6 +94,14 @@ def test_pack_gqa_decode(knobs):
     run_shapes(knobs, [(2, 8, 2, 1, 50, 32), (1, 12, 2, 6, 40, 16)], torch.float16, DEVICE)
 
 
+@pytest.mark.parametrize("loads", ["pointer", "tma", "tma_host"])
+def test_head_dim_split_wide_and_narrow_remainders(loads):
+    """Two column tiles where the second holds few real columns (72 = 64 + 8 in a tile of 16) and where the
+    first is 128 wide (160 = 128 + 32), GQA, lengths no block divides."""
+    knobs = FwdKnobs(block_m=16, block_n=16, num_warps=2, num_stages=2, loads=loads, head_dim_split=True)
+    run_shapes(knobs, [(1, 2, 1, 33, 47, 72), (1, 2, 2, 20, 9, 160)], torch.float16, DEVICE)
+
+
 @pytest.mark.parametrize("loop_order", ["fa2", "fa1"])
 def test_float32(loop_order):
     knobs = FwdKnobs(loop_order=loop_order, block_m=32, block_n=16, num_warps=2)
