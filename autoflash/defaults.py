@@ -10,8 +10,8 @@ from dataclasses import replace
 import triton
 
 from autoflash.gpu import Gpu
-from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, column_tiles, grid_y, head_dim_pad,
-                             not_worth_timing, programs, query_rows, tma_violations, violations)
+from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, grid_y, head_dim_pad, not_worth_timing,
+                             programs, query_rows, split_saves_columns, tma_violations, violations)
 from autoflash.problem import Problem
 
 HALF = ("float16", "bfloat16")
@@ -90,8 +90,7 @@ def split_head_dim(knobs: Knobs, problem: Problem) -> Knobs:
     1.15-1.31x (d80) and 1.05-1.11x (d96) against the tuned unsplit ones, and tuning chose a split at all three."""
     if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2":
         return knobs
-    candidate = replace(knobs, head_dim_split=True)
-    return candidate if sum(column_tiles(candidate, problem)) < head_dim_pad(problem.head_dim) else knobs
+    return replace(knobs, head_dim_split=True) if split_saves_columns(problem) else knobs
 
 
 def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:

@@ -158,6 +158,11 @@ def column_tiles(knobs: Knobs, problem: Problem) -> tuple[int, ...]:
     return first, max(16, triton.next_power_of_2(problem.head_dim - first))
 
 
+def split_saves_columns(problem: Problem) -> bool:
+    """Whether head_dim_split's two column tiles span fewer columns than one padded tile (80: 64 + 16 < 128)."""
+    return sum(column_tiles(FwdKnobs(head_dim_split=True), problem)) < head_dim_pad(problem.head_dim)
+
+
 # A thread's fp32 tiles beyond this spill out of the 255 registers.
 MAX_ACCUMULATOR_REGISTERS = {"fwd": 192, "bwd": 256}
 
@@ -270,7 +275,7 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
         count = programs(knobs, problem)
         if knobs.pack_gqa and problem.heads_q == problem.heads_kv:
             why.append("no query heads share a KV head: nothing to pack")
-        if knobs.head_dim_split and sum(column_tiles(knobs, problem)) >= head_dim_pad(problem.head_dim):
+        if knobs.head_dim_split and not split_saves_columns(problem):
             why.append(f"head_dim_split: column tiles {' + '.join(map(str, column_tiles(knobs, problem)))} are no "
                        f"fewer than one tile of {head_dim_pad(problem.head_dim)}")
         if knobs.schedule == "longest_first" and not problem.causal:

@@ -22,7 +22,8 @@ def variants(blocks, fa1_blocks):
     block_n, num_warps, num_stages), with exp2 (exp: pointer loads only, the exponent is loop code that
     loading does not touch); then host-built descriptors (tma_host) and packed query heads (pointer loads
     only), each x causal split x key splits (x schedule for packing, which changes the grid); then the
-    head dim as two column tiles, for every way of loading tiles (packed heads included) x key splits."""
+    head dim as two column tiles, for every way of loading tiles (packed heads included) x key splits (with
+    the causal split, without key splits; masking every block, with them)."""
     for loop_order, exp, split, loads, schedule, kv_splits in itertools.product(
             ("fa2", "fa1"), ("exp2", "exp"), (True, False), ("pointer", "tma"), ("in_order", "longest_first"), (1, 4)):
         if loop_order == "fa1" and (loads, schedule, kv_splits) != ("pointer", "in_order", 1):
