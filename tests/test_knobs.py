@@ -5,8 +5,10 @@ import dataclasses
 import pytest
 
 from autoflash import codegen
+from autoflash.defaults import default_knobs
 from autoflash.gpu import INTERPRETER, Gpu
-from autoflash.knobs import BwdKnobs, FwdKnobs, InvalidKnobs, check, violations
+from autoflash.knobs import (BwdKnobs, FwdKnobs, InvalidKnobs, check, column_tiles, grid_y, not_worth_timing, programs,
+                             shared_memory_bytes, violations)
 from autoflash.problem import Problem
 
 PROBLEM = Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=4096, seqlen_k=4096, head_dim=128, causal=False,
@@ -69,14 +71,12 @@ def test_good_variants_pass():
 
 
 def test_fit_moves_a_huge_batch_to_the_grids_x_axis():
-    from autoflash.defaults import default_knobs
     decode = dataclasses.replace(PROBLEM, batch=16384, seqlen_q=1)
     knobs = default_knobs(decode, H100)
     assert knobs.schedule == "longest_first" and not violations(knobs, decode, H100)
 
 
 def test_tuner_skips_tiles_far_below_the_problem():
-    from autoflash.knobs import not_worth_timing
     assert not_worth_timing(FwdKnobs(block_m=32, block_n=64, num_warps=2), PROBLEM, H100)
     assert not_worth_timing(FwdKnobs(block_m=64, block_n=64, num_warps=8), PROBLEM, H100)
     assert not not_worth_timing(FwdKnobs(block_m=128, block_n=64, num_warps=8), PROBLEM, H100)
@@ -87,7 +87,6 @@ def test_tuner_skips_tiles_far_below_the_problem():
 
 
 def test_key_splits_only_where_sms_would_idle():
-    from autoflash.knobs import not_worth_timing
     decode = dataclasses.replace(PROBLEM, seqlen_q=1)
     assert not not_worth_timing(FwdKnobs(block_m=16, block_n=64, num_warps=4, kv_splits=16), decode, H100)
     busy = dataclasses.replace(PROBLEM, batch=8)  # 8 x 8 heads x 32 query blocks
@@ -99,14 +98,12 @@ def test_key_splits_only_where_sms_would_idle():
 
 
 def test_default_splits_keys_for_decode_only():
-    from autoflash.defaults import default_knobs
     decode = dataclasses.replace(PROBLEM, seqlen_q=1)
     assert default_knobs(decode, H100).kv_splits > 1
     assert default_knobs(PROBLEM, H100).kv_splits == 1  # 256 programs of 128 query rows fill the 132 SMs
 
 
 def test_packed_heads_change_the_grid():
-    from autoflash.knobs import grid_y, not_worth_timing, programs
     gqa_decode = dataclasses.replace(PROBLEM, batch=2, heads_kv=2, seqlen_q=1)  # 4 query heads per KV head
     packed, unpacked = FwdKnobs(block_m=16, num_warps=2, pack_gqa=True), FwdKnobs(block_m=16, num_warps=2)
     assert (programs(packed, gqa_decode), grid_y(packed, gqa_decode)) == (4, 4)  # one 16-row tile per KV head
@@ -116,7 +113,6 @@ def test_packed_heads_change_the_grid():
 
 
 def test_default_packs_query_heads_for_gqa_decode_only():
-    from autoflash.defaults import default_knobs
     gqa = dataclasses.replace(PROBLEM, heads_kv=2)
     decode = default_knobs(dataclasses.replace(gqa, seqlen_q=1), H100)
     assert decode.pack_gqa and decode.loads == "pointer" and decode.kv_splits > 1
@@ -127,7 +123,6 @@ def test_default_packs_query_heads_for_gqa_decode_only():
 @pytest.mark.parametrize("head_dim, tiles", [(40, (32, 16)), (80, (64, 16)), (96, (64, 32)), (72, (64, 16)),
                                              (160, (128, 32)), (200, (128, 128))])
 def test_head_dim_split_tiles(head_dim, tiles):
-    from autoflash.knobs import column_tiles, shared_memory_bytes
     problem = dataclasses.replace(PROBLEM, head_dim=head_dim)
     split, padded = FwdKnobs(head_dim_split=True), FwdKnobs()
     assert column_tiles(split, problem) == tiles and sum(tiles) >= head_dim
@@ -137,7 +132,6 @@ def test_head_dim_split_tiles(head_dim, tiles):
 
 
 def test_tuner_skips_splits_that_save_no_columns():
-    from autoflash.knobs import not_worth_timing
     split = FwdKnobs(head_dim_split=True)
     for head_dim in (64, 112, 128):  # 32 + 32, 64 + 64, 64 + 64: as many columns as one padded tile
         assert any("no fewer" in why for why in not_worth_timing(split, dataclasses.replace(PROBLEM, head_dim=head_dim),
@@ -146,7 +140,6 @@ def test_tuner_skips_splits_that_save_no_columns():
 
 
 def test_default_splits_head_dims_between_powers_of_two():
-    from autoflash.defaults import default_knobs
     for head_dim, split in ((40, True), (80, True), (96, True), (64, False), (112, False), (128, False)):
         problem = dataclasses.replace(PROBLEM, head_dim=head_dim)
         assert default_knobs(problem, H100).head_dim_split is split, head_dim
