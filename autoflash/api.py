@@ -19,7 +19,7 @@ from autoflash.problem import DTYPES, Problem
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
-def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, deterministic=False):
+def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, deterministic=False, out=None):
     """Scaled dot-product attention, softmax(q kᵀ · softmax_scale) v, by a generated FlashAttention kernel.
 
     Differentiable: when q, k or v requires grad, the forward keeps the log-sum-exp (not the
@@ -40,23 +40,27 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, de
         return_lse: also return the log-sum-exp of the scaled scores (differentiable too).
         deterministic: the backward computes dQ in its own pass instead of with atomics, so that
             gradients are bitwise the same on every run.
+        out: optional (batch, heads_q, seqlen_q, head_dim) tensor of q's dtype and device, last stride 1,
+            that the output is written into and returned (no allocation: buffers reused across calls,
+            static outputs in CUDA graphs). It must not overlap k or v. Not differentiable: with out
+            given, q, k and v must not require grad (or call under torch.no_grad()).
 
     Returns:
-        out, shaped and laid out like q; with return_lse, (out, lse) where lse is float32
-        (batch, heads_q, seqlen_q), natural log.
+        out, shaped and laid out like q (or the given out); with return_lse, (out, lse) where lse is
+        float32 (batch, heads_q, seqlen_q), natural log.
     """
     try:
-        key = _call_key(q, k, v, causal, softmax_scale, deterministic)
+        key = _call_key(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
         run = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan says what is wrong
         key, run = None, None
     if run is None:
-        run = _plan(q, k, v, causal, softmax_scale, deterministic)
+        run = _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
         if key is not None:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[key] = run
-    return run(q, k, v, return_lse)
+    return run(q, k, v, out)
 
 
 # The hot path: a call whose shapes, strides, dtypes, devices, alignment and arguments were seen
@@ -65,70 +69,79 @@ _plans: dict = {}
 _MAX_PLANS = 4096
 
 
-def _call_key(q, k, v, causal, softmax_scale, deterministic) -> tuple:
+def _call_key(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> tuple:
     # get_device() (an int) is cheaper than .device; a CPU tensor gives -1. Each tensor's 16-byte alignment
     # is its own entry: the compiled kernel a plan launches is specialised on it.
-    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.get_device(), k.get_device(), v.get_device(), q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15,
-            causal.__class__, causal, softmax_scale.__class__, softmax_scale, deterministic.__class__, deterministic)
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+           q.get_device(), k.get_device(), v.get_device(), q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15,
+           causal.__class__, causal, softmax_scale.__class__, softmax_scale, return_lse.__class__, return_lse,
+           deterministic.__class__, deterministic)
+    if out is None:
+        return key
+    return key + (out.shape, out.stride(), out.dtype, out.get_device(), out.data_ptr() & 15)
 
 
-def _plan(q, k, v, causal, softmax_scale, deterministic):
-    """Check the inputs and choose the forward kernel once (the backward's at the first backward);
-    return what runs every such call."""
+def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
+    """Check the inputs and compile the forward kernel once (the backward's at the first backward);
+    return what runs every such call: run(q, k, v, out)."""
     q_checked, k_checked, v_checked = _checked(q, k, v)
     copies = tuple(t.stride(-1) != 1 for t in (q, k, v))
     needs_copy = any(copies)
-    for name, flag in (("causal", causal), ("deterministic", deterministic)):
+    for name, flag in (("causal", causal), ("return_lse", return_lse), ("deterministic", deterministic)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if out is not None:
+        _check_out(out, q_checked)
     scale = _scale(softmax_scale, q.shape[-1])
-    forward = backward = None
+    forward = training_forward = _no_launch
+    backward = None
     if q.numel():
         problem = Problem.from_tensors(q_checked, k_checked, causal)
         gpu = gpus.current(q.device)
-        out = torch.empty_like(q_checked)  # as each call's will be: its strides decide TMA too
-        knobs = _choice_for(problem, gpu, _tma_aligned(q_checked, k_checked, v_checked, out)).knobs
-        forward = _forward_launcher(codegen.load(knobs), scale, causal)
-        backward = _lazy_backward(problem, gpu, deterministic)
+        # The plan is compiled for the strides and alignment of this call's output (and lse): each call's are the same.
+        out_like = torch.empty_like(q_checked) if out is None else out
+        lse_like = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+        module = codegen.load(_choice_for(problem, gpu, _tma_aligned(q_checked, k_checked, v_checked, out_like)).knobs)
+        forward = forward_plan(module, q_checked, k_checked, v_checked, out_like, lse_like, scale, causal)
+        training_forward = forward if return_lse else _built_at_first_call(
+            lambda q, k, v, out, lse: forward_plan(module, q, k, v, out, lse, scale, causal))
+        backward = _built_at_first_call(
+            lambda *args: codegen.load(_choice_for(problem, gpu, False, "bwd", deterministic).knobs).backward)
 
-    def run(q, k, v, return_lse):
+    def run(q, k, v, out):
         if needs_copy:
             q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
         if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
-            out, lse = _Attention.apply(q, k, v, forward, backward, scale, causal)
+            if out is not None:
+                raise RuntimeError("attention(..., out=...) is not differentiable, and q, k or v requires grad: "
+                                   "leave out=None, or call under torch.no_grad()")
+            out, lse = _Attention.apply(q, k, v, training_forward, backward, scale, causal)
             return (out, lse) if return_lse else out
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-        if forward is not None:
+        if out is None:
+            out = torch.empty_like(q)
+        if return_lse:
+            lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
             forward(q, k, v, out, lse)
-        return (out, lse) if return_lse else out
+            return out, lse
+        forward(q, k, v, out, None)
+        return out
     return run
 
 
-def _forward_launcher(module, scale: float, causal: bool):
-    """forward(q, k, v, out, lse) for one call signature: the variant's plan made at the first call with lse
-    and at the first without (autoflash/launch.py). Holds no tensor."""
-    plans = {}
-
-    def forward(q, k, v, out, lse):
-        plan = plans.get(lse is None)
-        if plan is None:
-            plan = plans[lse is None] = forward_plan(module, q, k, v, out, lse, scale, causal)
-        plan(q, k, v, out, lse)
-    return forward
+def _no_launch(q, k, v, out, lse):
+    """The forward of a call with no query rows: nothing to compute."""
 
 
-def _lazy_backward(problem: Problem, gpu: Gpu, deterministic: bool):
-    """The backward launcher of the variant dispatch picks, chosen and loaded at its first call: a
-    caller that never backpropagates never reads the backward's records or compiles its kernels."""
-    loaded = []
+def _built_at_first_call(build):
+    """f(*args) = build(*args)(*args), with build run at the first call only: what a caller never uses
+    (the backward, the forward that writes the lse for it) is never chosen or compiled."""
+    built = []
 
-    def backward(*args):
-        if not loaded:
-            loaded.append(codegen.load(_choice_for(problem, gpu, False, "bwd", deterministic).knobs).backward)
-        return loaded[0](*args)
-    return backward
+    def f(*args):
+        if not built:
+            built.append(build(*args))
+        return built[0](*args)
+    return f
 
 
 class _Attention(torch.autograd.Function):
@@ -138,8 +151,7 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, forward, backward, scale, causal):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        if forward is not None:
-            forward(q, k, v, out, lse)
+        forward(q, k, v, out, lse)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.launch_backward, ctx.scale, ctx.causal = backward, scale, causal
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
@@ -237,3 +249,15 @@ def _checked(q, k, v):
     if not MIN_HEAD_DIM <= q.shape[3] <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim {q.shape[3]} is outside the supported {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+
+
+def _check_out(out, q):
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.shape != q.shape:
+        raise ValueError(f"out must be shaped like q, {tuple(q.shape)}, got {tuple(out.shape)}")
+    if out.dtype != q.dtype or out.device != q.device:
+        raise TypeError(f"out must have q's dtype and device ({q.dtype} on {q.device}), got {out.dtype} on {out.device}")
+    if out.stride(-1) != 1:
+        raise ValueError(f"out must have last stride 1, got strides {out.stride()}: pass a contiguous tensor "
+                         "or a .transpose(1, 2) view of one")

@@ -4,9 +4,11 @@
 
 On a tiny problem the GPU finishes each kernel before the CPU issues the next, so the time per
 call of a long loop is host time. The bare launch starts the variant's compiled kernel directly (its
-`forward_plan` with autoflash/launch.py) on a preallocated output; overhead = attention's time minus that. Also timed:
-the bare launch that allocates its output (what any launcher must do per call), and the variant's
-`forward`, which goes through Triton's per-call argument binding (`kernel[grid](...)`).
+`forward_plan` with autoflash/launch.py). Overhead is taken like for like, call by call in alternation:
+`attention(q, k, v, out=out)` over the bare launch into the same preallocated output, and
+`attention(q, k, v)` over the bare launch that allocates its output as attention does. Also timed: the
+variant's `forward`, which goes through Triton's per-call argument binding (`kernel[grid](...)`), and
+parts of attention's own work alone.
 """
 
 import argparse
@@ -25,13 +27,8 @@ from autoflash.launch import forward_plan
 from autoflash.problem import Problem
 
 
-def host_us(fns: dict, calls: int = 2000, rounds: int = 9) -> dict[str, list[float]]:
-    """Per-call host time of each function, µs, in `rounds` rounds that run every function in turn: a
-    drift of the host's speed hits all of them alike, and differences are taken round by round."""
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    torch.cuda.synchronize()
+def host_us(fns: dict, calls: int = 2000, rounds: int = 9) -> dict[str, float]:
+    """Median per-call host time of each function, µs, over `rounds` loops of `calls` calls each."""
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -40,7 +37,24 @@ def host_us(fns: dict, calls: int = 2000, rounds: int = 9) -> dict[str, list[flo
                 fn()
             times[name].append((time.perf_counter() - start) / calls * 1e6)
             torch.cuda.synchronize()
-    return times
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def paired_overhead_us(call, base, pairs: int = 20000) -> float:
+    """Median of call()'s host time minus base()'s, µs, each timed alone and the two in alternation
+    (call, base, base, call, ...): both see the same state of the host, and the median ignores the
+    calls an interrupt or a page fault hit, which decide a difference of means of ~30 µs loops."""
+    clock = time.perf_counter_ns
+    differences = []
+    for i in range(pairs):
+        if i % 2:
+            t0 = clock(); call(); t1 = clock(); base(); t2 = clock()
+            differences.append((t1 - t0) - (t2 - t1))
+        else:
+            t0 = clock(); base(); t1 = clock(); call(); t2 = clock()
+            differences.append((t2 - t1) - (t1 - t0))
+    torch.cuda.synchronize()
+    return statistics.median(differences) / 1e3
 
 
 def main():
@@ -54,21 +68,26 @@ def main():
     module = codegen.load(knobs)
     scale = 64 ** -0.5
     launch = forward_plan(module, q, k, v, out, None, scale, False)
-    key = (q, k, v, False, None, False)
-    times = host_us(dict(
-        attention=lambda: autoflash.attention(q, k, v),
+    key = (q, k, v, None, False, None, False, False)
+    fns = dict(
+        attention_into_out=lambda: autoflash.attention(q, k, v, out=out),
         bare_launch=lambda: launch(q, k, v, out, None),
+        attention=lambda: autoflash.attention(q, k, v),
         # What a hand-written launcher does per call: allocate the output, then launch.
         bare_launch_with_output=lambda: launch(q, k, v, torch.empty_like(q), None),
         triton_jit_launch=lambda: module.forward(q, k, v, out, None, scale, False),
         # The parts of attention's own work, timed alone.
         call_key=lambda: api._call_key(*key),
         plan_lookup=lambda: api._plans.get(api._call_key(*key)),
-        empty_like=lambda: torch.empty_like(q)))
-    median = {f"{name}_us": statistics.median(t) for name, t in times.items()}
-    over = {f"overhead_over_{base}_us": statistics.median(a - b for a, b in zip(times["attention"], times[base]))
-            for base in ("bare_launch", "bare_launch_with_output")}
-    row = dict(bench="overhead", **median, **over, rounds=times, knobs=knobs.to_json(),
+        empty_like=lambda: torch.empty_like(q))
+    for fn in fns.values():  # compiled, planned and warm
+        for _ in range(200):
+            fn()
+    torch.cuda.synchronize()
+    median = {f"{name}_us": t for name, t in host_us(fns).items()}
+    over = {f"overhead_{call}_over_{base}_us": paired_overhead_us(fns[call], fns[base])
+            for call, base in (("attention_into_out", "bare_launch"), ("attention", "bare_launch_with_output"))}
+    row = dict(bench="overhead", **median, **over, method="paired per-call medians", knobs=knobs.to_json(),
                gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                autoflash=autoflash.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

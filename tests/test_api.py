@@ -7,7 +7,7 @@ import torch
 
 import autoflash
 from conftest import DEVICE
-from helpers import assert_matches_reference, make_qkv
+from helpers import assert_matches_reference, make_qkv, poisoned_outputs
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
@@ -39,6 +39,45 @@ def test_empty_query_gives_empty_output():
     q, k, v = make_qkv(1, 2, 2, 0, 5, 32, torch.float16, DEVICE)
     out, lse = autoflash.attention(q, k, v, return_lse=True)
     assert out.shape == (1, 2, 0, 32) and lse.shape == (1, 2, 0)
+
+
+def test_out_is_written_and_returned_in_its_own_layout():
+    q, k, v = make_qkv(1, 4, 2, 123, 77, 40, torch.float16, DEVICE, seed=14)
+    out, _ = poisoned_outputs(q)
+    # (batch, seqlen, heads, dim) storage, as a (batch, heads, seqlen, dim) view: strides unlike q's.
+    out_transposed = torch.full((1, 123, 4, 40), float("nan"), dtype=q.dtype, device=DEVICE).transpose(1, 2)
+    for given in (out, out_transposed):
+        result, lse = autoflash.attention(q, k, v, causal=True, return_lse=True, out=given)
+        assert result is given
+        assert_matches_reference(given, lse, q, k, v, True)
+    fresh = make_qkv(1, 4, 2, 123, 77, 40, torch.float16, DEVICE, seed=15)
+    out.fill_(float("nan"))
+    assert autoflash.attention(*fresh, out=out) is out, "the second call reuses the plan and the buffer"
+    assert_matches_reference(out, None, *fresh, False)
+
+
+@pytest.mark.parametrize("out, error, message", [
+    (lambda q: q.tolist(), TypeError, "out must be a torch.Tensor or None"),
+    (lambda q: torch.empty_like(q[:, :, 1:]), ValueError, "out must be shaped like q"),
+    (lambda q: torch.empty_like(q, dtype=torch.float32), TypeError, "out must have q's dtype and device"),
+    (lambda q: torch.empty(*q.shape[:3], 2 * q.shape[3], dtype=q.dtype, device=q.device)[..., ::2], ValueError,
+     "last stride 1"),
+])
+def test_bad_out(out, error, message):
+    q, k, v = _inputs()
+    with pytest.raises(error, match=message):
+        autoflash.attention(q, k, v, out=out(q))
+
+
+def test_out_refuses_inputs_that_require_grad():
+    q, k, v = _inputs()
+    out = torch.empty_like(q)
+    q.requires_grad_()
+    with pytest.raises(RuntimeError, match="not differentiable.*torch.no_grad"):
+        autoflash.attention(q, k, v, out=out)
+    with torch.no_grad():
+        assert autoflash.attention(q, k, v, out=out) is out
+    assert_matches_reference(out, None, q.detach(), k, v, False)
 
 
 def _inputs(**changes):
@@ -93,6 +132,11 @@ def test_bad_softmax_scale(scale, error):
 def test_bad_causal():
     with pytest.raises(TypeError, match="causal"):
         autoflash.attention(*_inputs(), causal="yes")
+
+
+def test_bad_return_lse():
+    with pytest.raises(TypeError, match="return_lse must be True or False"):
+        autoflash.attention(*_inputs(), return_lse="yes")
 
 
 def test_bad_deterministic():
