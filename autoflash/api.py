@@ -13,7 +13,7 @@ import torch
 from autoflash import codegen, gpu as gpus
 from autoflash.dispatch import Choice, Dispatcher
 from autoflash.gpu import Gpu
-from autoflash.launch import forward_plan
+from autoflash.launch import backward_plan, forward_plan
 from autoflash.problem import DTYPES, Problem
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -105,17 +105,17 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
         forward = forward_plan(module, q_checked, k_checked, v_checked, out_like, lse_like, scale, causal)
         training_forward = forward if return_lse else _built_at_first_call(
             lambda q, k, v, out, lse: forward_plan(module, q, k, v, out, lse, scale, causal))
-        backward = _built_at_first_call(
-            lambda *args: codegen.load(_choice_for(problem, gpu, False, "bwd", deterministic).knobs).backward)
+        backward = _built_at_first_call(lambda *args: _backward_launcher(
+            codegen.load(_choice_for(problem, gpu, False, "bwd", deterministic).knobs), scale, causal))
 
     def run(q, k, v, out):
         if needs_copy:
             q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
-        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             if out is not None:
                 raise RuntimeError("attention(..., out=...) is not differentiable, and q, k or v requires grad: "
                                    "leave out=None, or call under torch.no_grad()")
-            out, lse = _Attention.apply(q, k, v, training_forward, backward, scale, causal)
+            out, lse = _Attention.apply(q, k, v, training_forward, backward)
             return (out, lse) if return_lse else out
         if out is None:
             out = torch.empty_like(q)
@@ -144,16 +144,31 @@ def _built_at_first_call(build):
     return f
 
 
+def _backward_launcher(module, scale: float, causal: bool):
+    """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) for one call signature of attention: a plan for each
+    layout of the incoming gradients (dout's strides, dtype and alignment; dlse's presence and alignment), made
+    at its first call. q, k, v are laid out and aligned as the signature's; out, lse, dq, dk, dv are fresh."""
+    plans = {}
+
+    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
+        key = (dout.stride(), dout.dtype, dout.data_ptr() & 15, None if dlse is None else dlse.data_ptr() & 15)
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = backward_plan(module, q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse)
+        plan(q, k, v, out, lse, dout, dq, dk, dv, dlse)
+    return backward
+
+
 class _Attention(torch.autograd.Function):
     """Forward and backward launches of one call signature's variants; saves q, k, v, out and lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, forward, backward, scale, causal):
+    def forward(ctx, q, k, v, forward, backward):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
         forward(q, k, v, out, lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.launch_backward, ctx.scale, ctx.causal = backward, scale, causal
+        ctx.launch_backward = backward
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
         return out, lse
 
@@ -161,12 +176,12 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         if ctx.launch_backward is None:  # no query rows: nothing flows back
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
         dlse = None if dlse is None else dlse.contiguous()
-        ctx.launch_backward(q, k, v, out, lse, dout, dq, dk, dv, ctx.scale, ctx.causal, dlse)
-        return dq, dk, dv, None, None, None, None
+        ctx.launch_backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)
+        return dq, dk, dv, None, None
 
 
 DISPATCHER = Dispatcher()

@@ -3,7 +3,8 @@
 `kernel[grid](*args)` binds, specialises and looks up every argument on every call: 31-62 µs of host
 time for the forward's 30 arguments on the H100 machine (benchmarks/NOTES.md, 16.). A call signature
 of `autoflash.attention` fixes everything but the tensors' addresses, so its plan compiles each kernel
-once (`compile_launch`) and from then on starts the compiled kernel with the new tensors.
+once (`compile_launch`) and from then on starts the compiled kernel with the new tensors. The
+backward's plans do the same for its two or three kernels.
 """
 
 import torch
@@ -51,3 +52,10 @@ def forward_plan(module, q, k, v, out, lse, softmax_scale: float, causal: bool):
     if not hasattr(module, "forward_plan"):
         return lambda q, k, v, out, lse: module.forward(q, k, v, out, lse, softmax_scale, causal)
     return module.forward_plan(q, k, v, out, lse, softmax_scale, causal, compile=compile_launch)
+
+
+def backward_plan(module, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse):
+    """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) of a variant's module for every call shaped like this
+    one (dlse given or None alike), its kernels compiled now."""
+    return module.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse,
+                                compile=compile_launch)

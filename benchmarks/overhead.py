@@ -7,8 +7,9 @@ call of a long loop is host time. The bare launch starts the variant's compiled 
 `forward_plan` with autoflash/launch.py). Overhead is taken like for like, call by call in alternation:
 `attention(q, k, v, out=out)` over the bare launch into the same preallocated output, and
 `attention(q, k, v)` over the bare launch that allocates its output as attention does. Also timed: the
-variant's `forward`, which goes through Triton's per-call argument binding (`kernel[grid](...)`), and
-parts of attention's own work alone.
+variant's `forward`, which goes through Triton's per-call argument binding (`kernel[grid](...)`), parts
+of attention's own work alone, and the backward variant's kernels started by its plan and through Triton's
+binding (`backward`).
 """
 
 import argparse
@@ -23,7 +24,7 @@ import triton
 
 import autoflash
 from autoflash import api, codegen, gpu as gpus
-from autoflash.launch import forward_plan
+from autoflash.launch import backward_plan, forward_plan
 from autoflash.problem import Problem
 
 
@@ -68,6 +69,12 @@ def main():
     module = codegen.load(knobs)
     scale = 64 ** -0.5
     launch = forward_plan(module, q, k, v, out, None, scale, False)
+    bwd_knobs = api._choice_for(problem, gpus.current(q.device), False, "bwd").knobs
+    bwd_module = codegen.load(bwd_knobs)
+    lse, dout = torch.empty(q.shape[:3], dtype=torch.float32, device="cuda"), torch.randn_like(q)
+    module.forward(q, k, v, out, lse, scale, False)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    bwd_launch = backward_plan(bwd_module, q, k, v, out, lse, dout, *grads, scale, False, None)
     key = (q, k, v, None, False, None, False, False)
     fns = dict(
         attention_into_out=lambda: autoflash.attention(q, k, v, out=out),
@@ -79,7 +86,9 @@ def main():
         # The parts of attention's own work, timed alone.
         call_key=lambda: api._call_key(*key),
         plan_lookup=lambda: api._plans.get(api._call_key(*key)),
-        empty_like=lambda: torch.empty_like(q))
+        empty_like=lambda: torch.empty_like(q),
+        backward_bare_launch=lambda: bwd_launch(q, k, v, out, lse, dout, *grads, None),
+        backward_triton_jit_launch=lambda: bwd_module.backward(q, k, v, out, lse, dout, *grads, scale, False))
     for fn in fns.values():  # compiled, planned and warm
         for _ in range(200):
             fn()
@@ -87,7 +96,7 @@ def main():
     median = {f"{name}_us": t for name, t in host_us(fns).items()}
     over = {f"overhead_{call}_over_{base}_us": paired_overhead_us(fns[call], fns[base])
             for call, base in (("attention_into_out", "bare_launch"), ("attention", "bare_launch_with_output"))}
-    row = dict(bench="overhead", **median, **over, method="paired per-call medians", knobs=knobs.to_json(),
+    row = dict(bench="overhead", **median, **over, method="paired per-call medians", knobs=knobs.to_json(), bwd_knobs=bwd_knobs.to_json(),
                gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                autoflash=autoflash.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -81,6 +81,14 @@ def test_gradients_of_transposed_inputs_with_lse_and_scale():
     assert dq.stride() == q.stride() and dk.stride() == k.stride(), "gradients keep the (b, s, h, d) layout"
 
 
+def test_gradient_layouts_of_one_call_signature():
+    """The backward's plans are kept per layout of the incoming gradient: dout of two layouts, with and
+    without dlse, through the same forward call signature."""
+    q, k, v = make_qkv(1, 4, 2, 45, 45, 32, torch.float16, DEVICE, seed=26)
+    for dout_transposed, with_lse in ((False, False), (True, False), (True, True), (False, False)):
+        assert_gradients_match(q, k, v, True, with_lse=with_lse, dout_transposed=dout_transposed)
+
+
 def test_gradients_float32_and_non_unit_last_stride():
     q, k, v = make_qkv(1, 2, 2, 20, 33, 32, torch.float32, DEVICE, seed=23)
     q_strided = torch.empty(*q.shape[:3], 64, dtype=q.dtype, device=q.device)[..., ::2]

@@ -14,7 +14,7 @@ import torch
 from autoflash import codegen, gpu as gpus
 from autoflash.defaults import default_knobs
 from autoflash.knobs import Knobs
-from autoflash.launch import forward_plan
+from autoflash.launch import backward_plan, forward_plan
 from autoflash.problem import Problem
 from autoflash.reference import (GRAD_TOLERANCE, TOLERANCE, attention_backward_reference, attention_reference,
                                  relative_error, sdpa_attention)
@@ -131,7 +131,8 @@ class Bench:
                 plan = forward_plan(module, *self.sets[0], self.out, self.lse, self.scale, self.problem.causal)
                 ms = median_ms(lambda i: plan(*self.sets[i], self.out, self.lse), len(self.sets), self.device)
             else:
-                ms = median_ms(lambda i: self._launch(module, i), len(self.sets), self.device)
+                plan = backward_plan(module, *self.sets[0], *self.grads, self.scale, self.problem.causal, None)
+                ms = median_ms(lambda i: plan(*self.sets[i], *self.grads, None), len(self.sets), self.device)
             return Outcome("ok", median_ms=ms)
         except Exception as e:
             return classify(e)
