@@ -1,8 +1,8 @@
-"""The public entry point: `attention(q, k, v, causal=..., softmax_scale=..., return_lse=...)`.
+"""The public entry point: `attention(q, k, v, causal=..., softmax_scale=..., return_lse=..., out=...)`.
 
-jit kernels (rendered from templates/) -> their launchers (`forward`, `backward` of a variant's
-module) -> `_Attention`, an autograd.Function -> `attention`, which checks inputs and chooses the
-variants once per call signature."""
+jit kernels (rendered from templates/) -> their plans (`forward_plan`, `backward_plan` of a variant's
+module: compiled once, then started directly, autoflash/launch.py) -> `_Attention`, an autograd.Function
+-> `attention`, which checks inputs and chooses the variants once per call signature."""
 
 import math
 from dataclasses import replace
