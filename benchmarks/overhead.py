@@ -96,9 +96,9 @@ def main():
     median = {f"{name}_us": t for name, t in host_us(fns).items()}
     over = {f"overhead_{call}_over_{base}_us": paired_overhead_us(fns[call], fns[base])
             for call, base in (("attention_into_out", "bare_launch"), ("attention", "bare_launch_with_output"))}
-    row = dict(bench="overhead", **median, **over, method="paired per-call medians", knobs=knobs.to_json(), bwd_knobs=bwd_knobs.to_json(),
-               gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               autoflash=autoflash.__version__,
+    row = dict(bench="overhead", **median, **over, method="paired per-call medians", knobs=knobs.to_json(),
+               bwd_knobs=bwd_knobs.to_json(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, autoflash=autoflash.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command="python " + " ".join(sys.argv))
     print(", ".join(f"{name} {value:.2f}" for name, value in (median | over).items()))
