@@ -272,7 +272,8 @@ def _check_out(out, q):
     if out.shape != q.shape:
         raise ValueError(f"out must be shaped like q, {tuple(q.shape)}, got {tuple(out.shape)}")
     if out.dtype != q.dtype or out.device != q.device:
-        raise TypeError(f"out must have q's dtype and device ({q.dtype} on {q.device}), got {out.dtype} on {out.device}")
+        raise TypeError(f"out must have q's dtype and device ({q.dtype} on {q.device}), "
+                        f"got {out.dtype} on {out.device}")
     if out.stride(-1) != 1:
         raise ValueError(f"out must have last stride 1, got strides {out.stride()}: pass a contiguous tensor "
                          "or a .transpose(1, 2) view of one")
