@@ -100,16 +100,20 @@ class Bench:
                 refs[b, h] = (dq[0, h - hkv * group], dk[0, 0], dv[0, 0])
         return refs
 
-    def _launch(self, module, i: int):
+    def _plan(self, module):
+        """launch(i): the variant on input set i (the forward with the log-sum-exp training needs), launched as
+        autoflash.attention launches it: compiled once, then started directly (Triton's per-call binding would
+        time the host on small problems)."""
         if self.direction == "fwd":
-            module.forward(*self.sets[i], self.out, self.lse, self.scale, self.problem.causal)
-        else:
-            module.backward(*self.sets[i], *self.grads, self.scale, self.problem.causal, None)
+            plan = forward_plan(module, *self.sets[0], self.out, self.lse, self.scale, self.problem.causal)
+            return lambda i: plan(*self.sets[i], self.out, self.lse)
+        plan = backward_plan(module, *self.sets[0], *self.grads, self.scale, self.problem.causal, None)
+        return lambda i: plan(*self.sets[i], *self.grads, None)
 
     def compile(self, knobs: Knobs) -> Outcome:
         """Render, compile and run once: Triton's disk cache then serves the measuring process."""
         try:
-            self._launch(self.load(knobs), 0)
+            self._plan(self.load(knobs))(0)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             return Outcome("ok")
@@ -118,22 +122,14 @@ class Bench:
 
     def measure(self, knobs: Knobs) -> Outcome:
         try:
-            module = self.load(knobs)
+            launch = self._plan(self.load(knobs))
             for t in (self.out, self.lse, *self.grads):
                 t.fill_(float("nan"))
-            self._launch(module, 0)
+            launch(0)
             wrong = self._check()
             if wrong:
                 return Outcome("wrong_result", error=wrong)
-            # Timed as checked (the forward with the log-sum-exp training needs), launched as autoflash.attention
-            # launches it: compiled once, then directly (Triton's per-call binding would time the host on small problems).
-            if self.direction == "fwd":
-                plan = forward_plan(module, *self.sets[0], self.out, self.lse, self.scale, self.problem.causal)
-                ms = median_ms(lambda i: plan(*self.sets[i], self.out, self.lse), len(self.sets), self.device)
-            else:
-                plan = backward_plan(module, *self.sets[0], *self.grads, self.scale, self.problem.causal, None)
-                ms = median_ms(lambda i: plan(*self.sets[i], *self.grads, None), len(self.sets), self.device)
-            return Outcome("ok", median_ms=ms)
+            return Outcome("ok", median_ms=median_ms(launch, len(self.sets), self.device))  # timed as checked
         except Exception as e:
             return classify(e)
 
