@@ -1,19 +1,16 @@
 """The public entry point: `attention(q, k, v, causal=..., softmax_scale=..., return_lse=..., out=...)`.
 
-jit kernels (rendered from templates/) -> their plans (`forward_plan`, `backward_plan` of a variant's
-module: compiled once, then started directly, autoflash/launch.py) -> `_Attention`, an autograd.Function
--> `attention`, which checks inputs and chooses the variants once per call signature."""
+jit kernels (rendered from templates/<family>/) -> their plans (`forward_plan`, `backward_plan` of a
+`codegen.Variant`, from the family's launcher: compiled once, then started directly, autoflash/launch.py)
+-> `_Attention`, an autograd.Function -> `attention`, which checks inputs and chooses the variants
+(autoflash/dispatch.py) once per call signature."""
 
 import math
-from dataclasses import replace
-from functools import lru_cache
 
 import torch
 
 from autoflash import codegen, gpu as gpus
-from autoflash.dispatch import Choice, Dispatcher
-from autoflash.gpu import Gpu
-from autoflash.launch import backward_plan, forward_plan
+from autoflash.dispatch import Dispatcher
 from autoflash.problem import DTYPES, Problem
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -101,12 +98,13 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
         # The plan is compiled for the strides and alignment of this call's output (and lse): each call's are the same.
         out_like = torch.empty_like(q_checked) if out is None else out
         lse_like = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-        module = codegen.load(_choice_for(problem, gpu, _tma_aligned(q_checked, k_checked, v_checked, out_like)).knobs)
-        forward = forward_plan(module, q_checked, k_checked, v_checked, out_like, lse_like, scale, causal)
+        tensors = (q_checked, k_checked, v_checked, out_like)
+        variant = codegen.load(DISPATCHER.for_call(problem, gpu, "fwd", tensors).knobs)
+        forward = variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, causal)
         training_forward = forward if return_lse else _built_at_first_call(
-            lambda q, k, v, out, lse: forward_plan(module, q, k, v, out, lse, scale, causal))
+            lambda q, k, v, out, lse: variant.forward_plan(q, k, v, out, lse, scale, causal))
         backward = _built_at_first_call(lambda *args: _backward_launcher(
-            codegen.load(_choice_for(problem, gpu, False, "bwd", deterministic).knobs), scale, causal))
+            codegen.load(DISPATCHER.for_call(problem, gpu, "bwd", tensors, deterministic).knobs), scale, causal))
 
     def run(q, k, v, out):
         if needs_copy:
@@ -144,7 +142,7 @@ def _built_at_first_call(build):
     return f
 
 
-def _backward_launcher(module, scale: float, causal: bool):
+def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool):
     """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) for one call signature of attention: a plan for each
     layout of the incoming gradients (dout's strides, dtype and alignment; dlse's presence and alignment), made
     at its first call. q, k, v are laid out and aligned as the signature's; out, lse, dq, dk, dv are fresh."""
@@ -154,7 +152,7 @@ def _backward_launcher(module, scale: float, causal: bool):
         key = (dout.stride(), dout.dtype, dout.data_ptr() & 15, None if dlse is None else dlse.data_ptr() & 15)
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = backward_plan(module, q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse)
+            plan = plans[key] = variant.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse)
         plan(q, k, v, out, lse, dout, dq, dk, dv, dlse)
     return backward
 
@@ -195,32 +193,13 @@ def explain(q, k, v, *, causal=False, deterministic=False) -> str:
     gpu = gpus.current(q.device)
     lines = [f"problem:     {problem.label()} ({problem.key()})", f"gpu:         {gpu.name} (family {gpu.family})"]
     for direction in ("fwd", "bwd"):
-        choice = _choice_for(problem, gpu, _tma_aligned(q, k, v), direction, deterministic)
+        choice = DISPATCHER.for_call(problem, gpu, direction, (q, k, v), deterministic)
         lines += [f"{direction} source:  {choice.source}", f"{direction} why:     {choice.reason}"]
         if choice.tuned:
             lines.append(f"{direction} tuned:   {choice.tuned.problem.label()} at {choice.tuned.median_ms:.4f} ms, "
                          f"{choice.tuned.tflops:.1f} TFLOP/s")
         lines.append(f"{direction} knobs:   {choice.knobs.to_json()}")
     return "\n".join(lines)
-
-
-@lru_cache(maxsize=4096)
-def _choice_for(problem: Problem, gpu: Gpu, tma_aligned: bool, direction: str = "fwd",
-                deterministic: bool = False) -> Choice:
-    """The dispatch choice, memoised per problem (and the plan of each call signature sits above it)."""
-    choice = DISPATCHER.choice(problem, gpu, direction)
-    if direction == "fwd" and choice.knobs.loads != "pointer" and not tma_aligned:
-        choice = replace(choice, knobs=replace(choice.knobs, loads="pointer"),
-                         reason=choice.reason + "; TMA needs 16-byte aligned strides: pointer loads instead")
-    if direction == "bwd" and deterministic and choice.knobs.dq == "atomic":
-        choice = replace(choice, knobs=replace(choice.knobs, dq="separate"),
-                         reason=choice.reason + "; deterministic=True: dQ in its own pass instead of atomics")
-    return choice
-
-
-def _tma_aligned(*tensors) -> bool:
-    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
-               for t in tensors)
 
 
 def _scale(softmax_scale, head_dim: int) -> float:

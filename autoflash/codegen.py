@@ -1,7 +1,8 @@
-"""Render a kernel variant from its Jinja2 template, cache the source as a real file, import it.
+"""Render a kernel variant from its family's Jinja2 template, cache the source as a real file, import it, and
+pair it with the family's launcher.
 
 Triton reads a kernel's source from its file, so every variant is written under a key that names
-the template fingerprint, the knobs and the versions, then imported from there. Rendering is
+its family's template fingerprint, the knobs and the versions, then imported from there. Rendering is
 deterministic: the same knobs and templates give the same bytes.
 """
 
@@ -17,9 +18,11 @@ from pathlib import Path
 import jinja2
 import triton
 
-import autoflash
+from autoflash import families
+from autoflash._version import __version__
 from autoflash.knobs import Knobs
-from autoflash.resources import data_dir
+from autoflash.launch import compile_launch
+from autoflash.resources import data_dir, launcher
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(data_dir("templates")),
@@ -31,34 +34,76 @@ _env = jinja2.Environment(
 
 
 @lru_cache(maxsize=None)
-def template_fingerprint(direction: str = "fwd") -> str:
-    """Hash of the templates one direction's kernels are rendered from (the shared `_*.jinja` parts
-    and `attn_<direction>_*.jinja`; export/ holds none): records from other template text are never used."""
+def template_fingerprint(family: str, direction: str = "fwd") -> str:
+    """Hash of what one family's `direction` kernels come from: every file of templates/common/ and of
+    templates/<family>/ (its launcher included) but those named for another direction (attn_bwd.py.jinja
+    counts for the backward alone). Records and cached kernels of other template text are never used."""
+    others = [d for d in families.DIRECTIONS if d != direction]
+    root = data_dir("templates")
     digest = hashlib.sha256()
-    for path in sorted(data_dir("templates").glob("*.jinja")):
-        if path.name.startswith(("_", f"attn_{direction}")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted([*(root / "common").iterdir(), *(root / family).iterdir()]):
+        if path.is_file() and not any(f"_{d}." in path.name for d in others):
+            digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
-def render_template(name: str, direction: str = "fwd", **context) -> str:
-    """Render `templates/<name>` with the versions and the fingerprint in its context."""
-    return _env.get_template(name).render(FINGERPRINT=template_fingerprint(direction),
-                                          AUTOFLASH_VERSION=autoflash.__version__, TRITON_VERSION=triton.__version__,
+def current_fingerprints(direction: str = "fwd") -> dict[str, str]:
+    """The fingerprint of every family with `direction` kernels: the records dispatch and the tuner may use."""
+    return {f.name: template_fingerprint(f.name, direction) for f in families.implementing(direction)}
+
+
+def template_name(knobs: Knobs) -> str:
+    return f"{knobs.family}/attn_{knobs.DIRECTION}.py.jinja"
+
+
+def render_template(name: str, **context) -> str:
+    """Render `templates/<name>` with the versions in its context."""
+    return _env.get_template(name).render(AUTOFLASH_VERSION=__version__, TRITON_VERSION=triton.__version__,
                                           **context)
 
 
 def render(knobs: Knobs, extra_header: tuple[str, ...] = ()) -> str:
-    """Python source of the variant: its kernels and their launcher, `forward(q, k, v, out, lse,
-    softmax_scale, causal)` or `backward(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse)`."""
-    return render_template(knobs.template, knobs.DIRECTION, TEMPLATE=knobs.template, KNOBS_JSON=knobs.to_json(),
-                           EXTRA_HEADER=extra_header, **knobs.template_context())
+    """Python source of the variant's kernels (its family's launcher starts them: `Variant`)."""
+    return render_template(template_name(knobs), TEMPLATE=template_name(knobs),
+                           FINGERPRINT=template_fingerprint(knobs.family, knobs.DIRECTION),
+                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **knobs.template_context())
 
 
 def kernel_key(knobs: Knobs) -> str:
-    text = "|".join((knobs.DIRECTION, template_fingerprint(knobs.DIRECTION), knobs.to_json(), autoflash.__version__,
-                     triton.__version__))
+    text = "|".join((knobs.DIRECTION, template_fingerprint(knobs.family, knobs.DIRECTION), knobs.to_json(),
+                     __version__, triton.__version__))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+class Variant:
+    """A rendered variant: its kernels (`kernels`, the imported module) and its family's launcher, which gets
+    the knobs as data. `forward_plan`/`backward_plan` compile for one call signature and return what launches
+    every such call; `forward`/`backward` plan and launch once."""
+
+    def __init__(self, knobs: Knobs, kernels):
+        self.knobs, self.kernels, self.launcher = knobs, kernels, launcher(knobs.family)
+        self._data = knobs.as_point()
+
+    def forward_plan(self, q, k, v, out, lse, softmax_scale: float, causal: bool, compile=compile_launch):
+        """forward(q, k, v, out, lse) for every call shaped like this one (lse given or None alike)."""
+        return self.launcher.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile)
+
+    def backward_plan(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse,
+                      compile=compile_launch):
+        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) for every call shaped like this one (dlse given or
+        None alike)."""
+        return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
+                                           softmax_scale, causal, dlse, compile)
+
+    def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+        """Launch the forward once. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k,
+        head_dim), each with unit last stride; lse: fp32 (batch, heads_q, seqlen_q), contiguous, or None."""
+        self.forward_plan(q, k, v, out, lse, softmax_scale, causal)(q, k, v, out, lse)
+
+    def backward(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse=None) -> None:
+        """Launch the backward once: writes dq, dk, dv (shaped like q, k, v) from the forward's out and lse."""
+        self.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse)(
+            q, k, v, out, lse, dout, dq, dk, dv, dlse)
 
 
 def cache_dir() -> Path:
@@ -68,20 +113,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autoflash" / "kernels"
 
 
-_modules: dict[str, object] = {}
+_variants: dict[str, Variant] = {}
 _lock = threading.Lock()
 
 
-def load(knobs: Knobs):
-    """The imported module of a variant (rendered and written on first use, once per process)."""
+def load(knobs: Knobs) -> Variant:
+    """The variant of `knobs`, its kernels rendered, written and imported on first use (once per process)."""
     key = kernel_key(knobs)
-    module = _modules.get(key)
-    if module is not None:
-        return module
+    variant = _variants.get(key)
+    if variant is not None:
+        return variant
     with _lock:
-        if key not in _modules:
-            _modules[key] = _import(key, _write(key, render(knobs)))
-        return _modules[key]
+        if key not in _variants:
+            _variants[key] = Variant(knobs, _import(key, _write(key, render(knobs))))
+        return _variants[key]
 
 
 def _write(key: str, source: str) -> Path:

@@ -2,23 +2,21 @@
 then the one shipped in `tuning_db/`, then the heuristic default.
 
 Within a source, the exact problem wins; failing that, the nearest tuned problem with the same
-dtype, head dim, causal flag and GQA ratio (lengths and batch x heads compared in log scale).
-Only records of this GPU family and of the templates this code renders count. Each source is read
-once per process (one query); `autoflash.attention` memoises the choice per problem, so after the
-first call for a problem dispatch touches neither a database nor this module.
+dtype, head dim, causal flag and GQA ratio (`Problem.distance`). Only records of this GPU family and of the
+templates this code renders (every kernel family's current fingerprint) count. Each source is read once per
+process (one query per kernel family); `autoflash.attention` keeps the choice per call signature, so after
+the first call of a signature dispatch touches neither a database nor this module.
 """
 
-import math
 import os
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoflash import codegen
-from autoflash.defaults import default_knobs, fit
+from autoflash import codegen, families
 from autoflash.gpu import Gpu
-from autoflash.knobs import KNOBS, Knobs
+from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.resources import data_dir
 
@@ -59,27 +57,22 @@ def user_url() -> str | None:
     return None
 
 
-def read_records(url: str, family: str, direction: str = "fwd") -> list[Record]:
-    """Best `direction` records of `family` under the current templates in the database at `url` (one query)."""
+def read_records(url: str, gpu_family: str, direction: str = "fwd") -> list[Record]:
+    """Best `direction` records of `gpu_family` under every kernel family's current templates in the database
+    at `url`, the fastest variant of each problem first."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from autoflash.db.store import SchemaMismatch, Store  # SQLAlchemy only once a database is read
 
     try:
         store = Store(url, readonly=True)
-        return [Record(problem, KNOBS[direction].from_json(knobs), trial.median_ms, trial.tflops)
-                for problem, knobs, trial in store.best(family, codegen.template_fingerprint(direction), direction)]
+        records = [Record(problem, families.knobs_from_json(direction, knobs), trial.median_ms, trial.tflops)
+                   for fingerprint in codegen.current_fingerprints(direction).values()
+                   for problem, knobs, trial in store.best(gpu_family, fingerprint, direction)]
     except (SchemaMismatch, SQLAlchemyError, ValueError) as e:
         warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
         return []
-
-
-def distance(a: Problem, b: Problem) -> float | None:
-    """Log-scale distance between two problems of the same kind; None if of different kinds."""
-    if (a.dtype, a.head_dim, a.causal, a.heads_q // a.heads_kv) != (b.dtype, b.head_dim, b.causal, b.heads_q // b.heads_kv):
-        return None
-    return sum(abs(math.log2(x) - math.log2(y)) for x, y in (
-        (a.seqlen_q, b.seqlen_q), (a.seqlen_k, b.seqlen_k), (a.batch * a.heads_q, b.batch * b.heads_q)))
+    return sorted(records, key=lambda r: r.median_ms)
 
 
 def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], direction: str = "fwd") -> Choice:
@@ -89,11 +82,12 @@ def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], 
             if record.problem == problem:
                 return Choice(record.knobs, url, record, "exact problem tuned")
     for url, records in sources:
-        near = [(d, r) for r in records if (d := distance(problem, r.problem)) is not None]
+        near = [(d, r) for r in records if (d := problem.distance(r.problem)) is not None]
         if near:
             d, record = min(near, key=lambda item: item[0])
             return Choice(record.knobs, url, record, f"nearest tuned problem (log2 distance {d:.2f})")
-    return Choice(default_knobs(problem, gpu, direction), "default", None, "nothing comparable tuned: heuristic default")
+    return Choice(families.default_knobs(problem, gpu, direction), "default", None,
+                  "nothing comparable tuned: heuristic default")
 
 
 class Dispatcher:
@@ -102,16 +96,28 @@ class Dispatcher:
     def __init__(self, urls: list[str] | None = None):
         self._urls = urls
         self._sources: dict[tuple[str, str], list[tuple[str, list[Record]]]] = {}
+        self._choices: dict[tuple[Problem, Gpu, str], Choice] = {}
         self._lock = threading.Lock()
 
-    def sources(self, family: str, direction: str = "fwd") -> list[tuple[str, list[Record]]]:
+    def sources(self, gpu_family: str, direction: str = "fwd") -> list[tuple[str, list[Record]]]:
         with self._lock:
-            if (family, direction) not in self._sources:
+            if (gpu_family, direction) not in self._sources:
                 urls = self._urls if self._urls is not None else [u for u in (user_url(), *shipped_urls()) if u]
-                self._sources[family, direction] = [(url, read_records(url, family, direction)) for url in urls]
-            return self._sources[family, direction]
+                self._sources[gpu_family, direction] = [(url, read_records(url, gpu_family, direction))
+                                                        for url in urls]
+            return self._sources[gpu_family, direction]
 
     def choice(self, problem: Problem, gpu: Gpu, direction: str = "fwd") -> Choice:
-        """The tuned (or default) `direction` knobs for `problem`, fitted to it."""
-        chosen = choose(problem, gpu, self.sources(gpu.family, direction), direction)
-        return Choice(fit(chosen.knobs, problem, gpu), chosen.source, chosen.tuned, chosen.reason)
+        """The tuned (or default) `direction` knobs for `problem`, fitted to it (memoised)."""
+        key = (problem, gpu, direction)
+        chosen = self._choices.get(key)
+        if chosen is None:
+            chosen = choose(problem, gpu, self.sources(gpu.family, direction), direction)
+            chosen = self._choices[key] = replace(chosen, knobs=families.of(chosen.knobs).fit(chosen.knobs, problem, gpu))
+        return chosen
+
+    def for_call(self, problem: Problem, gpu: Gpu, direction: str, tensors, deterministic: bool = False) -> Choice:
+        """`choice`, adjusted to what one call's tensors and flags allow (its family says how)."""
+        chosen = self.choice(problem, gpu, direction)
+        knobs, note = families.of(chosen.knobs).for_call(chosen.knobs, tensors=tensors, deterministic=deterministic)
+        return replace(chosen, knobs=knobs, reason=f"{chosen.reason}; {note}") if note else chosen

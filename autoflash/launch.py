@@ -4,7 +4,8 @@
 time for the forward's 30 arguments on the H100 machine (benchmarks/NOTES.md, 16.). A call signature
 of `autoflash.attention` fixes everything but the tensors' addresses, so its plan compiles each kernel
 once (`compile_launch`) and from then on starts the compiled kernel with the new tensors. The
-backward's plans do the same for its two or three kernels.
+backward's plans do the same for its two or three kernels. The families' launchers (templates/<family>/launch.py)
+take it as their `compile` argument. Needs only torch and triton: exported packages carry a copy.
 """
 
 import torch
@@ -14,7 +15,7 @@ from triton.runtime.jit import JITFunction
 
 def _scratch(size: int, alignment: int, stream):
     """Global memory a kernel asks for at launch (where TMA variants write their tensor descriptors)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
@@ -25,7 +26,11 @@ def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
     dtypes and 16-byte alignment (callers key their plans on these)."""
     if not isinstance(kernel, JITFunction):  # Triton's interpreter: nothing compiled to keep
         given = args[tensor_count:]
-        return lambda *tensors: kernel[grid](*tensors, *given, **options)
+
+        def interpret(*tensors):
+            triton.set_allocator(_scratch)
+            kernel[grid](*tensors, *given, **options)
+        return interpret
     first = getattr(args[0], "base", args[0])  # a tensor, or a host-side TensorDescriptor of one
     index, driver = first.device.index, triton.runtime.driver.active
     with torch.cuda.device(index):  # compiled and loaded in the context of the tensors' device
@@ -44,18 +49,3 @@ def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
             triton.set_allocator(_scratch)
         run(*tensors, *rest, stream=driver.get_current_stream(index))
     return launch
-
-
-def forward_plan(module, q, k, v, out, lse, softmax_scale: float, causal: bool):
-    """forward(q, k, v, out, lse) of a variant's module for every call shaped like this one (lse given or
-    None alike), its kernels compiled now; variants without a plan (fa1) launch through Triton each call."""
-    if not hasattr(module, "forward_plan"):
-        return lambda q, k, v, out, lse: module.forward(q, k, v, out, lse, softmax_scale, causal)
-    return module.forward_plan(q, k, v, out, lse, softmax_scale, causal, compile=compile_launch)
-
-
-def backward_plan(module, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse):
-    """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) of a variant's module for every call shaped like this
-    one (dlse given or None alike), its kernels compiled now."""
-    return module.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse,
-                                compile=compile_launch)

@@ -1,5 +1,6 @@
 """One attention problem: the shape key that tuning, the database and dispatch share."""
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,16 @@ class Problem:
         lengths = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}/{self.seqlen_k}"
         dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[self.dtype]
         return f"b{self.batch} h{heads} s{lengths} d{self.head_dim}{' causal' if self.causal else ''} {dtype}"
+
+    def distance(self, other: "Problem") -> float | None:
+        """Log-scale distance to a problem of the same kind (dtype, head dim, causal flag, GQA ratio): lengths
+        and batch x heads compared in log2; None for a problem of another kind."""
+        kind = (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv)
+        if kind != (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv):
+            return None
+        return sum(abs(math.log2(x) - math.log2(y)) for x, y in (
+            (self.seqlen_q, other.seqlen_q), (self.seqlen_k, other.seqlen_k),
+            (self.batch * self.heads_q, other.batch * other.heads_q)))
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -1,9 +1,13 @@
-"""Find the data folders that ship with autoflash, in a checkout and in an installed wheel alike.
+"""Find the data folders that ship with autoflash, in a checkout and in an installed wheel alike, and load the
+families' launchers from there.
 
 The wheel carries `templates/` and `tuning_db/` inside the package (see pyproject.toml);
 a source checkout keeps them at the project root.
 """
 
+import importlib.util
+import sys
+from functools import lru_cache
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -18,3 +22,19 @@ def data_dir(name: str) -> Path:
         f"autoflash cannot find its '{name}' folder (looked in {_PACKAGE} and {_PACKAGE.parent}); "
         "reinstall the package: the wheel must carry it"
     )
+
+
+def launcher_path(family: str) -> Path:
+    """templates/<family>/launch.py: the family's launchers, plain Python that needs only torch and triton."""
+    return data_dir("templates") / family / "launch.py"
+
+
+@lru_cache(maxsize=None)
+def launcher(family: str):
+    """The imported launcher module of `family` (once per process)."""
+    name = f"autoflash_launch_{family}"
+    spec = importlib.util.spec_from_file_location(name, launcher_path(family))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

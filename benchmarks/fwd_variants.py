@@ -23,16 +23,15 @@ import autoflash
 from autoflash import gpu as gpus
 from autoflash.cli.common import as_url
 from autoflash.db.store import Store
-from autoflash.defaults import default_knobs
-from autoflash.knobs import FwdKnobs, violations
+from autoflash.families import default_knobs, violations
 from autoflash.shapes import load_problems
 from autoflash.tune.runner import Runner
 from autoflash.tune.tuner import earlier_best
 
 
-def override(text: str) -> dict:
+def override(text: str, knobs_class) -> dict:
     """'loads=tma,warp_specialize=true' -> {'loads': 'tma', 'warp_specialize': True}, typed by the knobs."""
-    types = {name: type(choices[0]) for name, choices in FwdKnobs.choices().items()}
+    types = {name: type(choices[0]) for name, choices in knobs_class.choices().items()}
     pairs = dict(item.split("=", 1) for item in text.split(","))
     return {name: (value.lower() == "true") if types[name] is bool else types[name](value)
             for name, value in pairs.items()}
@@ -46,7 +45,6 @@ def main():
     parser.add_argument("--out")
     args = parser.parse_args()
     gpu, store = gpus.current(), Store(as_url(args.db), readonly=True)
-    changes = [override(text) for text in args.vary]
     common = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   autoflash=autoflash.__version__, command="python " + " ".join(sys.argv),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
@@ -55,6 +53,7 @@ def main():
         for problem in load_problems(args.shapes):
             known = earlier_best(store, gpu, problem)
             base = known[0] if known else default_knobs(problem, gpu)
+            changes = [override(text, type(base)) for text in args.vary]
             variants = [base] + [v for v in dict.fromkeys(replace(base, **c) for c in changes)
                                  if v != base and not violations(v, problem, gpu)]
             outcomes = runner.run(problem, variants)

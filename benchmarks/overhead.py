@@ -4,10 +4,10 @@
 
 On a tiny problem the GPU finishes each kernel before the CPU issues the next, so the time per
 call of a long loop is host time. The bare launch starts the variant's compiled kernel directly (its
-`forward_plan` with autoflash/launch.py). Overhead is taken like for like, call by call in alternation:
+a variant's `forward_plan` with autoflash/launch.py). Overhead is taken like for like, call by call in alternation:
 `attention(q, k, v, out=out)` over the bare launch into the same preallocated output, and
 `attention(q, k, v)` over the bare launch that allocates its output as attention does. Also timed: the
-variant's `forward`, which goes through Triton's per-call argument binding (`kernel[grid](...)`), parts
+variant's plan launched through Triton's per-call argument binding (`kernel[grid](...)`), parts
 of attention's own work alone, and the backward variant's kernels started by its plan and through Triton's
 binding (`backward`).
 """
@@ -24,7 +24,6 @@ import triton
 
 import autoflash
 from autoflash import api, codegen, gpu as gpus
-from autoflash.launch import backward_plan, forward_plan
 from autoflash.problem import Problem
 
 
@@ -58,6 +57,12 @@ def paired_overhead_us(call, base, pairs: int = 20000) -> float:
     return statistics.median(differences) / 1e3
 
 
+def triton_binding(kernel, grid, args, options, tensor_count):
+    """A launcher's `compile` that launches through Triton's per-call binding, `kernel[grid](...)`, every call."""
+    rest = args[tensor_count:]
+    return lambda *tensors: kernel[grid](*tensors, *rest, **options)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out")
@@ -65,16 +70,19 @@ def main():
     q, k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     out = torch.empty_like(q)
     problem = Problem.from_tensors(q, k, False)
-    knobs = api._choice_for(problem, gpus.current(q.device), api._tma_aligned(q, k, v, out)).knobs
-    module = codegen.load(knobs)
+    knobs = api.DISPATCHER.for_call(problem, gpus.current(q.device), "fwd", (q, k, v, out)).knobs
+    variant = codegen.load(knobs)
     scale = 64 ** -0.5
-    launch = forward_plan(module, q, k, v, out, None, scale, False)
-    bwd_knobs = api._choice_for(problem, gpus.current(q.device), False, "bwd").knobs
-    bwd_module = codegen.load(bwd_knobs)
+    launch = variant.forward_plan(q, k, v, out, None, scale, False)
+    jit_launch = variant.forward_plan(q, k, v, out, None, scale, False, compile=triton_binding)
+    bwd_knobs = api.DISPATCHER.for_call(problem, gpus.current(q.device), "bwd", (q, k, v, out)).knobs
+    bwd_variant = codegen.load(bwd_knobs)
     lse, dout = torch.empty(q.shape[:3], dtype=torch.float32, device="cuda"), torch.randn_like(q)
-    module.forward(q, k, v, out, lse, scale, False)
+    variant.forward(q, k, v, out, lse, scale, False)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
-    bwd_launch = backward_plan(bwd_module, q, k, v, out, lse, dout, *grads, scale, False, None)
+    bwd_launch = bwd_variant.backward_plan(q, k, v, out, lse, dout, *grads, scale, False, None)
+    bwd_jit_launch = bwd_variant.backward_plan(q, k, v, out, lse, dout, *grads, scale, False, None,
+                                               compile=triton_binding)
     key = (q, k, v, None, False, None, False, False)
     fns = dict(
         attention_into_out=lambda: autoflash.attention(q, k, v, out=out),
@@ -82,13 +90,13 @@ def main():
         attention=lambda: autoflash.attention(q, k, v),
         # What a hand-written launcher does per call: allocate the output, then launch.
         bare_launch_with_output=lambda: launch(q, k, v, torch.empty_like(q), None),
-        triton_jit_launch=lambda: module.forward(q, k, v, out, None, scale, False),
+        triton_jit_launch=lambda: jit_launch(q, k, v, out, None),
         # The parts of attention's own work, timed alone.
         call_key=lambda: api._call_key(*key),
         plan_lookup=lambda: api._plans.get(api._call_key(*key)),
         empty_like=lambda: torch.empty_like(q),
         backward_bare_launch=lambda: bwd_launch(q, k, v, out, lse, dout, *grads, None),
-        backward_triton_jit_launch=lambda: bwd_module.backward(q, k, v, out, lse, dout, *grads, scale, False))
+        backward_triton_jit_launch=lambda: bwd_jit_launch(q, k, v, out, lse, dout, *grads, None))
     for fn in fns.values():  # compiled, planned and warm
         for _ in range(200):
             fn()

@@ -13,7 +13,7 @@ import sys
 
 from autoflash import codegen
 from autoflash.db.store import Store
-from autoflash.knobs import FwdKnobs
+from autoflash.families.tl.knobs import FwdKnobs
 from autoflash.shapes import load_problems
 from autoflash.tune.search import restricted_space, search
 
@@ -60,7 +60,7 @@ def main():
     store = Store(args.db)
     print(f"{'problem':<32} {'grid':>5} {'best ms':>8}  TPE trials to within {args.within:.0%} (seeds)  median  share")
     for problem in load_problems(args.shapes):
-        done = store.finished(args.gpu, problem, codegen.template_fingerprint())
+        done = store.finished(args.gpu, problem, codegen.template_fingerprint("tl"))
         timings = {k: t.median_ms if t.status == "ok" else None for k, t in done.items()}
         if not timings:
             sys.exit(f"no grid for {problem.label()} in {args.db}")
@@ -69,7 +69,7 @@ def main():
         row = dict(problem=problem.__dict__, gpu=args.gpu, grid_trials=len(timings),
                    best_ms=min(ms for ms in timings.values() if ms is not None), tpe_trials=counts,
                    median=median, share=median / len(timings), within=args.within, batch_size=args.batch_size,
-                   template=codegen.template_fingerprint(), command="python " + " ".join(sys.argv))
+                   template=codegen.template_fingerprint("tl"), command="python " + " ".join(sys.argv))
         print(f"{problem.label():<32} {len(timings):>5} {row['best_ms']:8.4f}  {str(counts):<38} {median:6.0f}  "
               f"{row['share']:5.0%}")
         if args.out:

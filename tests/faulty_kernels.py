@@ -10,12 +10,18 @@ from autoflash import codegen
 
 
 class _WrongKernel:
-    def __init__(self, module):
-        self.module = module
+    """A variant whose forward plan scales its output: runs, and gives a wrong result."""
 
-    def forward(self, q, k, v, out, lse, softmax_scale, causal):
-        self.module.forward(q, k, v, out, lse, softmax_scale, causal)
-        out.mul_(1.5)
+    def __init__(self, variant):
+        self.variant = variant
+
+    def forward_plan(self, *args, **kwargs):
+        plan = self.variant.forward_plan(*args, **kwargs)
+
+        def forward(q, k, v, out, lse):
+            plan(q, k, v, out, lse)
+            out.mul_(1.5)
+        return forward
 
 
 def load(knobs):

@@ -12,7 +12,8 @@ import torch
 import autoflash
 from autoflash import codegen
 from autoflash.gpu import current
-from autoflash.knobs import BwdKnobs, violations
+from autoflash.families import violations
+from autoflash.families.tl.knobs import BwdKnobs
 from autoflash.problem import Problem
 from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, attention_reference, relative_error
 from conftest import DEVICE

@@ -1,11 +1,14 @@
-"""Rendering: deterministic, valid Python for every knob combination, cached under its fingerprint."""
+"""Rendering: deterministic, valid Python for every family's knob combinations, cached under its family's
+fingerprint."""
 
 import itertools
+import shutil
 import subprocess
 import sys
 
 from autoflash import codegen
-from autoflash.knobs import KNOBS, BwdKnobs, FwdKnobs
+from autoflash.families import FAMILIES, fa1
+from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 
 
 # Knobs the templates only substitute as numbers; every other knob shapes the source.
@@ -15,7 +18,7 @@ TILE_NUMBERS = ("block_m", "block_n", "num_warps", "num_stages")
 def all_knobs():
     """Every combination of the knobs that shape the source, with the default tile numbers; then every value
     of each tile number once (the full product renders for an hour and proves no more)."""
-    for cls in KNOBS.values():
+    for cls in (cls for family in FAMILIES.values() for cls in family.knobs.values()):
         space = {name: values for name, values in cls.choices().items() if name not in TILE_NUMBERS}
         for values in itertools.product(*space.values()):
             yield cls(**dict(zip(space, values)))
@@ -28,7 +31,7 @@ def test_every_combination_renders_valid_python():
     sources = set()
     for knobs in set(all_knobs()):
         source = codegen.render(knobs)
-        compile(source, knobs.template, "exec")
+        compile(source, codegen.template_name(knobs), "exec")
         assert knobs.to_json() in source
         sources.add(hash(source))
     assert len(sources) == len(set(all_knobs())), "two knob sets rendered the same source"
@@ -36,27 +39,37 @@ def test_every_combination_renders_valid_python():
 
 def test_rendering_is_deterministic_across_processes():
     knobs = FwdKnobs(block_m=64, exp="exp", loads="tma")
-    script = ("from autoflash import codegen; from autoflash.knobs import FwdKnobs; import sys; "
+    script = ("from autoflash import codegen; from autoflash.families.tl.knobs import FwdKnobs; import sys; "
               f"sys.stdout.write(codegen.render(FwdKnobs.from_json({knobs.to_json()!r})))")
     other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert other == codegen.render(knobs)
 
 
 def test_fingerprint_names_the_template_text(tmp_path, monkeypatch):
-    fingerprint, bwd = codegen.template_fingerprint(), codegen.template_fingerprint("bwd")
-    assert len(fingerprint) == 16 and codegen.template_fingerprint() == fingerprint and bwd != fingerprint
+    fingerprint, bwd = codegen.template_fingerprint("tl"), codegen.template_fingerprint("tl", "bwd")
+    fa1_fingerprint = codegen.template_fingerprint("fa1")
+    assert len(fingerprint) == 16 and codegen.template_fingerprint("tl") == fingerprint and bwd != fingerprint
     assert fingerprint in codegen.render(FwdKnobs()) and bwd in codegen.render(BwdKnobs())
-    for path in codegen.data_dir("templates").glob("*.jinja"):
-        (tmp_path / path.name).write_text(path.read_text())
-    (tmp_path / "attn_fwd_fa2.py.jinja").write_text((tmp_path / "attn_fwd_fa2.py.jinja").read_text() + "\n# edit\n")
+    assert codegen.current_fingerprints("fwd") == {"tl": fingerprint, "fa1": fa1_fingerprint}
+    assert codegen.current_fingerprints("bwd") == {"tl": bwd}, "only families with backward kernels"
+    shutil.copytree(codegen.data_dir("templates"), tmp_path, dirs_exist_ok=True)
     monkeypatch.setattr(codegen, "data_dir", lambda name: tmp_path)
-    codegen.template_fingerprint.cache_clear()
-    try:
-        assert codegen.template_fingerprint() != fingerprint
-        assert codegen.template_fingerprint("bwd") == bwd, "a forward template edit leaves the backward's records valid"
-        (tmp_path / "_header.py.jinja").write_text((tmp_path / "_header.py.jinja").read_text() + "\n# edit\n")
+
+    def edit(path, expect_changed):
+        (tmp_path / path).write_text((tmp_path / path).read_text() + "\n# edit\n")
         codegen.template_fingerprint.cache_clear()
-        assert codegen.template_fingerprint("bwd") != bwd, "the shared header is part of both fingerprints"
+        now = {(f, d): codegen.template_fingerprint(f, d) for f, d in (("tl", "fwd"), ("tl", "bwd"), ("fa1", "fwd"))}
+        changed = {key for key, value in now.items() if value != before[key]}
+        assert changed == set(expect_changed), (path, changed)
+        before.update(now)
+
+    before = {("tl", "fwd"): fingerprint, ("tl", "bwd"): bwd, ("fa1", "fwd"): fa1_fingerprint}
+    try:
+        edit("tl/attn_fwd.py.jinja", [("tl", "fwd")])  # the backward's and the other family's records stay valid
+        edit("tl/attn_bwd.py.jinja", [("tl", "bwd")])
+        edit("tl/launch.py", [("tl", "fwd"), ("tl", "bwd")])  # the launcher serves both directions
+        edit("fa1/attn_fwd.py.jinja", [("fa1", "fwd")])
+        edit("common/_bounds.py.jinja", [("tl", "fwd"), ("tl", "bwd"), ("fa1", "fwd")])  # shared by all
     finally:
         codegen.template_fingerprint.cache_clear()
 
@@ -64,9 +77,10 @@ def test_fingerprint_names_the_template_text(tmp_path, monkeypatch):
 def test_load_writes_once_and_imports_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOFLASH_CACHE_DIR", str(tmp_path))
     knobs = FwdKnobs(block_m=32, block_n=32, num_warps=2, exp="exp")
-    monkeypatch.setattr(codegen, "_modules", {})
-    module = codegen.load(knobs)
-    assert codegen.load(knobs) is module
+    monkeypatch.setattr(codegen, "_variants", {})
+    variant = codegen.load(knobs)
+    assert codegen.load(knobs) is variant
     files = list(tmp_path.glob("attn_*.py"))
     assert [f.name for f in files] == [f"attn_{codegen.kernel_key(knobs)}.py"]
-    assert module.__file__ == str(files[0]) and files[0].read_text() == codegen.render(knobs)
+    assert variant.kernels.__file__ == str(files[0]) and files[0].read_text() == codegen.render(knobs)
+    assert codegen.kernel_key(fa1.FwdKnobs()) != codegen.kernel_key(knobs)

@@ -9,7 +9,7 @@ from autoflash import api, codegen, dispatch
 from autoflash.db.store import Store
 from autoflash.dispatch import Dispatcher
 from autoflash.gpu import Gpu, current
-from autoflash.knobs import BwdKnobs, FwdKnobs
+from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.problem import Problem
 from conftest import DEVICE
 from helpers import assert_gradients_match, assert_matches_reference, make_qkv
@@ -23,8 +23,9 @@ ELSEWHERE = FwdKnobs(block_m=256, block_n=64, num_warps=8, num_stages=2)
 
 
 def record(store, gpu, problem, knobs, ms, fingerprint=None):
-    store.record_trial(gpu, problem, knobs.to_json(), fingerprint or codegen.template_fingerprint(knobs.DIRECTION), "ok",
-                       ms, direction=knobs.DIRECTION)
+    store.record_trial(gpu, problem, knobs.to_json(),
+                       fingerprint or codegen.template_fingerprint(knobs.family, knobs.DIRECTION), "ok", ms,
+                       direction=knobs.DIRECTION)
 
 
 @pytest.fixture
@@ -98,28 +99,24 @@ def test_attention_reads_each_database_once_and_uses_the_tuned_variants(tmp_path
     monkeypatch.setattr(dispatch, "read_records", lambda u, f, d: reads.append((u, d)) or real_read(u, f, d))
     monkeypatch.setattr(api, "DISPATCHER", Dispatcher([url]))
     monkeypatch.setattr(api, "_plans", {})
-    api._choice_for.cache_clear()
-    try:
-        for _ in range(3):
-            out, lse = autoflash.attention(q, k, v, causal=True, return_lse=True)
-        assert_matches_reference(out, lse, q, k, v, True)
-        assert reads == [(url, "fwd")], "the database is read once per process, the backward's at the first backward"
-        assert_gradients_match(q, k, v, True)
-        assert reads == [(url, "fwd"), (url, "bwd")]
-        text = autoflash.explain(q, k, v, causal=True)
-        assert text.count("exact problem tuned") == 2 and tuned.to_json() in text and tuned_bwd.to_json() in text
-        deterministic = autoflash.explain(q, k, v, causal=True, deterministic=True)
-        assert "dQ in its own pass" in deterministic
-        assert reads == [(url, "fwd"), (url, "bwd")]
-    finally:
-        api._choice_for.cache_clear()
+    for _ in range(3):
+        out, lse = autoflash.attention(q, k, v, causal=True, return_lse=True)
+    assert_matches_reference(out, lse, q, k, v, True)
+    assert reads == [(url, "fwd")], "the database is read once per process, the backward's at the first backward"
+    assert_gradients_match(q, k, v, True)
+    assert reads == [(url, "fwd"), (url, "bwd")]
+    text = autoflash.explain(q, k, v, causal=True)
+    assert text.count("exact problem tuned") == 2 and tuned.to_json() in text and tuned_bwd.to_json() in text
+    deterministic = autoflash.explain(q, k, v, causal=True, deterministic=True)
+    assert "dQ in its own pass" in deterministic
+    assert reads == [(url, "fwd"), (url, "bwd")]
 
 
 def test_merge_copies_each_trial_once_and_can_keep_current_templates_only(tuned_db, tmp_path):
     into = Store(f"sqlite:///{tmp_path / 'gathered.db'}")
     assert into.merge(Store(tuned_db, readonly=True)) == (5, 0)
     assert into.merge(Store(tuned_db, readonly=True)) == (0, 0), "merging again copies nothing"
-    current = {d: codegen.template_fingerprint(d) for d in ("fwd", "bwd")}
+    current = {d: set(codegen.current_fingerprints(d).values()) for d in ("fwd", "bwd")}
     only = Store(f"sqlite:///{tmp_path / 'current.db'}")
     assert only.merge(Store(tuned_db, readonly=True), current) == (4, 0), "the other templates' trial stays out"
     assert Dispatcher([only.url]).choice(BASE, H100).knobs == FAST
@@ -147,14 +144,13 @@ def test_tuner_starts_from_the_winners_of_earlier_templates(tuned_db):
 
 
 @pytest.mark.parametrize("loads", ["tma", "tma_host"])
-def test_tma_winners_use_pointer_loads_on_misaligned_tensors(tmp_path, monkeypatch, loads):
+def test_tma_winners_use_pointer_loads_on_misaligned_tensors(tmp_path, loads):
     url = f"sqlite:///{tmp_path / 'tma.db'}"
     record(Store(url), H100, BASE, dataclasses.replace(FAST, loads=loads), 1.0)
-    monkeypatch.setattr(api, "DISPATCHER", Dispatcher([url]))
-    api._choice_for.cache_clear()
-    try:
-        assert api._choice_for(BASE, H100, True).knobs.loads == loads
-        fallback = api._choice_for(BASE, H100, False)
-        assert fallback.knobs.loads == "pointer" and "pointer loads instead" in fallback.reason
-    finally:
-        api._choice_for.cache_clear()
+    dispatcher = Dispatcher([url])
+    aligned = make_qkv(1, 2, 2, 8, 8, 64, __import__("torch").float16, "cpu")
+    misaligned = make_qkv(1, 2, 2, 8, 8, 68, __import__("torch").float16, "cpu")
+    misaligned = tuple(t[..., :64] for t in misaligned)  # rows of 136 bytes: not a multiple of 16
+    assert dispatcher.for_call(BASE, H100, "fwd", aligned).knobs.loads == loads
+    fallback = dispatcher.for_call(BASE, H100, "fwd", misaligned)
+    assert fallback.knobs.loads == "pointer" and "pointer loads instead" in fallback.reason

@@ -9,31 +9,34 @@ import itertools
 import pytest
 import torch
 
-from autoflash import codegen
+from autoflash import codegen, families
+from autoflash.families import fa1
+from autoflash.families.tl.knobs import FwdKnobs
 from autoflash.gpu import current
-from autoflash.knobs import FwdKnobs, violations
 from autoflash.problem import Problem
 from conftest import DEVICE
 from helpers import assert_matches_reference, make_qkv, poisoned_outputs
 
 
 def variants(blocks, fa1_blocks):
-    """Every loop order x causal split x tile loading (pointer, tma) x schedule x key splits x (block_m,
-    block_n, num_warps, num_stages), with exp2 (exp: pointer loads only, the exponent is loop code that
-    loading does not touch); then host-built descriptors (tma_host) and packed query heads (pointer loads
-    only), each x causal split x key splits (x schedule for packing, which changes the grid); then the
-    head dim as two column tiles, for every way of loading tiles (packed heads included) x key splits (with
-    the causal split, without key splits; masking every block, with them)."""
-    for loop_order, exp, split, loads, schedule, kv_splits in itertools.product(
-            ("fa2", "fa1"), ("exp2", "exp"), (True, False), ("pointer", "tma"), ("in_order", "longest_first"), (1, 4)):
-        if loop_order == "fa1" and (loads, schedule, kv_splits) != ("pointer", "in_order", 1):
-            continue
+    """The fa1 family x exponent x causal split x (block_m, block_n, num_warps, num_stages); then the tl
+    family: causal split x tile loading (pointer, tma) x schedule x key splits x blocks, with exp2 (exp:
+    pointer loads only, the exponent is loop code that loading does not touch); then host-built descriptors
+    (tma_host) and packed query heads (pointer loads only), each x causal split x key splits (x schedule for
+    packing, which changes the grid); then the head dim as two column tiles, for every way of loading tiles
+    (packed heads included) x key splits (with the causal split, without key splits; masking every block,
+    with them)."""
+    for exp, split in itertools.product(("exp2", "exp"), (True, False)):
+        for block_m, block_n, warps, stages in fa1_blocks:
+            yield fa1.FwdKnobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages, exp=exp,
+                               causal_split=split)
+    for exp, split, loads, schedule, kv_splits in itertools.product(
+            ("exp2", "exp"), (True, False), ("pointer", "tma"), ("in_order", "longest_first"), (1, 4)):
         if exp == "exp" and loads != "pointer":
             continue
-        for block_m, block_n, warps, stages in blocks if loop_order == "fa2" else fa1_blocks:
-            yield FwdKnobs(loop_order=loop_order, block_m=block_m, block_n=block_n, num_warps=warps,
-                           num_stages=stages, exp=exp, causal_split=split, loads=loads, schedule=schedule,
-                           kv_splits=kv_splits)
+        for block_m, block_n, warps, stages in blocks:
+            yield FwdKnobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages, exp=exp,
+                           causal_split=split, loads=loads, schedule=schedule, kv_splits=kv_splits)
     for split, kv_splits in itertools.product((True, False), (1, 4)):
         for block_m, block_n, warps, stages in blocks:
             yield FwdKnobs(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages, causal_split=split,
@@ -54,7 +57,7 @@ def run_variant(knobs, shape, dtype, device, causal, transposed=False, seed=0) -
     """Check one variant on one problem; False when the validity function rules the pair out."""
     head_dim = shape[-1]
     q, k, v = make_qkv(*shape, dtype, device, transposed=transposed, seed=seed)
-    if violations(knobs, Problem.from_tensors(q, k, causal), current(q.device)):
+    if families.violations(knobs, Problem.from_tensors(q, k, causal), current(q.device)):
         return False
     out, lse = poisoned_outputs(q)
     scale = 0.7 / head_dim ** 0.5
@@ -88,7 +91,8 @@ def test_variant_matches_reference(knobs):
     run_shapes(knobs, SMALL_SHAPES, torch.float16, DEVICE)
 
 
-@pytest.mark.parametrize("knobs", [k for k in SMALL_VARIANTS if k.pack_gqa and k.block_m == 16], ids=str)
+@pytest.mark.parametrize("knobs", [k for k in SMALL_VARIANTS if getattr(k, "pack_gqa", False) and k.block_m == 16],
+                         ids=str)
 def test_pack_gqa_decode(knobs):
     """Packed query heads where the group fills less than a tile (decode, GQA 8/2) and where a tile's
     rows start and end inside a position (GQA 12/2 at 6 positions: 36 rows in tiles of 16)."""
@@ -103,9 +107,9 @@ def test_head_dim_split_wide_and_narrow_remainders(loads):
     run_shapes(knobs, [(1, 2, 1, 33, 47, 72), (1, 2, 2, 20, 9, 160)], torch.float16, DEVICE)
 
 
-@pytest.mark.parametrize("loop_order", ["fa2", "fa1"])
-def test_float32(loop_order):
-    knobs = FwdKnobs(loop_order=loop_order, block_m=32, block_n=16, num_warps=2)
+@pytest.mark.parametrize("knobs_class", [FwdKnobs, fa1.FwdKnobs], ids=lambda c: c.__module__)
+def test_float32(knobs_class):
+    knobs = knobs_class(block_m=32, block_n=16, num_warps=2)
     run_shapes(knobs, [(1, 2, 1, 45, 61, 40)], torch.float32, DEVICE)
 
 

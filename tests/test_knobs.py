@@ -1,15 +1,16 @@
-"""The knob declaration and the validity function."""
+"""The knob declarations and the families' validity functions."""
 
 import dataclasses
 
 import pytest
 
-from autoflash import codegen
-from autoflash.defaults import default_knobs
+from autoflash.families import check, default_knobs, fa1, knobs_from_json, not_worth_timing, violations
+from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
+from autoflash.families.tl.limits import column_tiles, grid_y, programs, shared_memory_bytes
 from autoflash.gpu import INTERPRETER, Gpu
-from autoflash.knobs import (BwdKnobs, FwdKnobs, InvalidKnobs, check, column_tiles, grid_y, not_worth_timing, programs,
-                             shared_memory_bytes, violations)
+from autoflash.knobs import InvalidKnobs
 from autoflash.problem import Problem
+from autoflash.resources import launcher
 
 PROBLEM = Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=4096, seqlen_k=4096, head_dim=128, causal=False,
                   dtype="float16")
@@ -17,30 +18,46 @@ A100 = Gpu("a100", "NVIDIA A100", (8, 0), 108, 166912, 65536)
 H100 = Gpu("h100", "NVIDIA H100", (9, 0), 132, 232448, 65536)
 
 
-def test_every_knob_declares_choices_and_doc():
-    space, choices = FwdKnobs.search_space(), FwdKnobs.choices()
-    assert set(space) == set(choices) == {f.name for f in dataclasses.fields(FwdKnobs)}
+@pytest.mark.parametrize("cls", [FwdKnobs, BwdKnobs, fa1.FwdKnobs], ids=str)
+def test_every_knob_declares_choices_and_doc(cls):
+    space, choices = cls.search_space(), cls.choices()
+    assert set(space) == set(choices) == {f.name for f in dataclasses.fields(cls)}
     for name in choices:
-        assert getattr(FwdKnobs(), name) in space[name] and set(space[name]) <= set(choices[name])
-        assert FwdKnobs.docs()[name]
-    assert space["loop_order"] == ("fa2",), "fa1 is a baseline: selectable, never searched"
+        assert getattr(cls(), name) in space[name] and set(space[name]) <= set(choices[name])
+        assert cls.docs()[name]
 
 
-def test_json_round_trip_and_template_context():
-    knobs = FwdKnobs(loop_order="fa1", block_m=32, exp="exp", causal_split=False)
-    assert FwdKnobs.from_json(knobs.to_json()) == knobs
-    assert knobs.template_context()["BLOCK_M"] == 32 and knobs.template_context()["CAUSAL_SPLIT"] is False
+def test_json_round_trip_names_the_family():
+    for knobs in (fa1.FwdKnobs(block_m=32, exp="exp", causal_split=False), FwdKnobs(block_m=32, loads="tma"),
+                  BwdKnobs(dq="atomic")):
+        assert knobs_from_json(knobs.DIRECTION, knobs.to_json()) == knobs
+    assert FwdKnobs(block_m=32).template_context()["BLOCK_M"] == 32
+    assert fa1.FwdKnobs(causal_split=False).template_context()["CAUSAL_SPLIT"] is False
+
+
+def test_records_of_the_single_template_folder_read_as_their_family():
+    """Before families had folders, a record named a loop order: fa2 is the tl family, fa1 its own."""
+    old = '{"block_m": 64, "block_n": 64, "causal_split": true, "exp": "exp2", "head_dim_split": false, "kv_splits": 1, ' \
+          '"loads": "tma", "loop_order": %s, "num_stages": 2, "num_warps": 4, "pack_gqa": false, "schedule": "in_order"}'
+    assert knobs_from_json("fwd", old % '"fa2"') == FwdKnobs(block_m=64, block_n=64, loads="tma")
+    assert knobs_from_json("fwd", (old % '"fa1"').replace('"tma"', '"pointer"')) == fa1.FwdKnobs(block_m=64)
+    assert knobs_from_json("bwd", BwdKnobs().to_json().replace('"family": "tl", ', "")) == BwdKnobs()
 
 
 def test_values_outside_the_choices_are_refused():
     with pytest.raises(ValueError, match="block_m=48"):
         FwdKnobs(block_m=48)
+    with pytest.raises(ValueError, match="block_m=64.0"):
+        FwdKnobs(block_m=64.0)  # equal to a choice, of another type: a tampered record
     with pytest.raises(ValueError, match="unknown knobs"):
         FwdKnobs.from_json('{"block_m": 64, "swizzle": 2}')
+    with pytest.raises(ValueError, match="no kernel family 'cuda'"):
+        knobs_from_json("fwd", '{"family": "cuda", "block_m": 64}')
+    with pytest.raises(ValueError, match="no kernel family 'fa1' with bwd"):
+        knobs_from_json("bwd", fa1.FwdKnobs().to_json())
 
 
 @pytest.mark.parametrize("knobs, gpu, problem, reason", [
-    (FwdKnobs(loop_order="fa1", loads="tma"), H100, PROBLEM, "pointer loads, in order"),
     (FwdKnobs(), H100, dataclasses.replace(PROBLEM, batch=16384, seqlen_q=1), "grid's y axis"),
     (BwdKnobs(block_n=16, block_m=16, num_warps=2), H100, dataclasses.replace(PROBLEM, batch=8192), "grid's y axis"),
     (FwdKnobs(loads="tma"), A100, PROBLEM, "compute capability 9.0"),
@@ -52,8 +69,9 @@ def test_values_outside_the_choices_are_refused():
     (FwdKnobs(block_m=64, pack_gqa=True), H100, dataclasses.replace(PROBLEM, heads_kv=2, seqlen_q=7),
      "exceeds the 28 query rows"),
     (FwdKnobs(loads="tma", pack_gqa=True), H100, dataclasses.replace(PROBLEM, heads_kv=2), "pointer loads only"),
-    (FwdKnobs(loop_order="fa1", pack_gqa=True), H100, dataclasses.replace(PROBLEM, heads_kv=2), "program per key"),
-    (FwdKnobs(loop_order="fa1", head_dim_split=True), H100, PROBLEM, "program per key"),
+    (fa1.FwdKnobs(block_m=16, block_n=16, num_warps=8), H100, PROBLEM, "too small for 8 warps"),
+    (fa1.FwdKnobs(block_m=128, block_n=128, num_stages=3), H100, dataclasses.replace(PROBLEM, head_dim=256),
+     "shared memory"),
     (FwdKnobs(head_dim_split=True), H100, dataclasses.replace(PROBLEM, head_dim=16), "below tl.dot's 16"),
     (FwdKnobs(block_n=256, num_stages=5), H100, PROBLEM, "shared memory"),
     (FwdKnobs(block_m=256, block_n=128, num_warps=4), H100, PROBLEM, "registers"),
@@ -94,7 +112,6 @@ def test_key_splits_only_where_sms_would_idle():
     short = dataclasses.replace(decode, seqlen_k=100)  # two key blocks of 64
     assert not_worth_timing(FwdKnobs(block_m=16, block_n=64, num_warps=4, kv_splits=2), short, H100)
     assert not violations(FwdKnobs(block_m=16, num_warps=2, kv_splits=16), decode, H100)
-    assert violations(FwdKnobs(loop_order="fa1", kv_splits=2), decode, H100), "fa1 has no key splits"
 
 
 def test_default_splits_keys_for_decode_only():
@@ -126,7 +143,7 @@ def test_head_dim_split_tiles(head_dim, tiles):
     problem = dataclasses.replace(PROBLEM, head_dim=head_dim)
     split, padded = FwdKnobs(head_dim_split=True), FwdKnobs()
     assert column_tiles(split, problem) == tiles and sum(tiles) >= head_dim
-    assert codegen.load(split)._column_tiles(head_dim) == tiles  # the kernels' launcher splits alike
+    assert launcher("tl").column_tiles(split.as_point(), head_dim) == tiles  # one definition, the launcher's
     assert shared_memory_bytes(split, problem) * column_tiles(padded, problem)[0] == \
         shared_memory_bytes(padded, problem) * sum(tiles)  # the estimates follow the columns the tiles span
 

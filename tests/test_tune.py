@@ -16,7 +16,7 @@ from autoflash.cli import main
 from autoflash.db.models import SchemaVersion
 from autoflash.db.store import SchemaMismatch, Store
 from autoflash.gpu import INTERPRETER
-from autoflash.knobs import FwdKnobs
+from autoflash.families.tl.knobs import FwdKnobs
 from autoflash.problem import Problem
 from autoflash.tune.runner import Runner
 from autoflash.tune.tuner import tune_problem
@@ -44,7 +44,7 @@ def test_cli_tunes_and_records_every_trial(tmp_path):
     assert "b1 h2/1 s40/33 d32 causal fp16" in result.output and "vs SDPA" in result.output
     store = Store(url)
     assert store.count_trials() == 8 and store.count_trials("ok") == 8
-    best = store.best("interpreter", codegen.template_fingerprint())
+    best = store.best("interpreter", codegen.template_fingerprint("tl"))
     assert len(best) == 2 and all(trial.median_ms > 0 and trial.tflops > 0 for _, _, trial in best)
 
 
@@ -103,7 +103,7 @@ def test_interrupted_run_resumes_without_redoing_trials(tmp_path):
     subprocess.run(args, check=True, capture_output=True, timeout=600)
     store = Store(url)
     assert store.count_trials() == 10, "the second run should add only the missing trials"
-    assert len(store.finished("interpreter", TINY, codegen.template_fingerprint())) == 10
+    assert len(store.finished("interpreter", TINY, codegen.template_fingerprint("tl"))) == 10
 
 
 def test_two_processes_on_one_sqlite_file_lose_no_rows(tmp_path):

@@ -14,14 +14,14 @@ CHECK = textwrap.dedent("""
     from autoflash.resources import data_dir
     from autoflash.dispatch import Dispatcher, shipped_urls
     from autoflash import codegen
-    from autoflash.knobs import FwdKnobs
+    from autoflash.families.tl.knobs import FwdKnobs
     package = autoflash.__file__.rsplit("/", 1)[0]
     assert package.startswith(sys.prefix), (package, sys.prefix)
     assert str(data_dir("templates")).startswith(package) and str(data_dir("tuning_db")).startswith(package)
     assert shipped_urls(), "the wheel carries no tuning database"
     records = Dispatcher(shipped_urls()).sources("h100")[0][1]
     assert len(records) >= 48, len(records)
-    assert "def forward" in codegen.render(FwdKnobs())
+    assert "def _attn_fwd(" in codegen.render(FwdKnobs())
     print("wheel ok", len(records))
 """)
 

@@ -35,7 +35,7 @@ def bench(shapes_file, plot_path, out_path, mode):
                    command="autoflash " + " ".join(sys.argv[1:]))
     problems = problems_of(shapes_file)
     for direction in ("fwd", "bwd") if mode == "both" else (mode,):
-        context["template"] = codegen.template_fingerprint(direction)
+        context["templates"] = codegen.current_fingerprints(direction)
         precompile(problems, direction, workers=min(len(problems), os.cpu_count() or 1))
         results = []
         click.echo(f"{direction + ' problem':<36} " + " ".join(f"{n:>14}" for n in (

@@ -18,11 +18,11 @@ def export(gpu_name, shapes_file, db_url, out_dir):
     from autoflash import gpu as gpus
     from autoflash.dispatch import Dispatcher, shipped_urls, user_url
     from autoflash.export import export as write_package
-    from autoflash.knobs import DIRECTIONS
+    from autoflash.families import DIRECTIONS
 
-    family = resolve_gpu(gpu_name)
+    gpu_family = resolve_gpu(gpu_name)
     try:
-        gpu = gpus.by_family(family)
+        gpu = gpus.by_family(gpu_family)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     urls = [as_url(db_url)] if db_url else [u for u in (user_url(), *shipped_urls()) if u]
@@ -30,12 +30,12 @@ def export(gpu_name, shapes_file, db_url, out_dir):
     if shapes_file:
         problems = problems_of(shapes_file)
     else:
-        problems = list(dict.fromkeys(r.problem for d in DIRECTIONS for _, records in dispatcher.sources(family, d)
+        problems = list(dict.fromkeys(r.problem for d in DIRECTIONS for _, records in dispatcher.sources(gpu_family, d)
                                       for r in records))
         if not problems:
-            raise click.ClickException(f"nothing tuned for GPU family '{family}' in {urls}; pass --shapes")
+            raise click.ClickException(f"nothing tuned for GPU family '{gpu_family}' in {urls}; pass --shapes")
     choices = {p: {d: dispatcher.choice(p, gpu, d) for d in DIRECTIONS} for p in problems}
-    out = write_package(choices, Path(out_dir), family)
+    out = write_package(choices, Path(out_dir), gpu_family)
     for d in DIRECTIONS:
         chosen = [per_direction[d] for per_direction in choices.values()]
         click.echo(f"wrote {out} {d}: {len(chosen)} problem(s), {sum(1 for c in chosen if c.tuned)} from tuning "

@@ -13,11 +13,11 @@ from autoflash.cli.common import open_store
 def merge(sources, into_url, standalone, current_only):
     """Copy the trials and baselines of the SOURCES databases (SQLAlchemy URLs or SQLite files) into --into, keeping their
     versions and times; rows already there are not copied twice."""
-    from autoflash import codegen
-    from autoflash.knobs import DIRECTIONS
+    from autoflash.codegen import current_fingerprints
+    from autoflash.families import DIRECTIONS
 
     into = open_store(into_url)
-    fingerprints = {d: codegen.template_fingerprint(d) for d in DIRECTIONS} if current_only else None
+    fingerprints = {d: set(current_fingerprints(d).values()) for d in DIRECTIONS} if current_only else None
     for source in sources:
         trials, baselines = into.merge(open_store(source, readonly=True), fingerprints)
         click.echo(f"{source}: {trials} trial(s), {baselines} baseline(s) copied into {into.url}")

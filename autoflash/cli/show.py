@@ -9,19 +9,19 @@ from autoflash.cli.common import db_option, gpu_option, open_store, resolve_gpu
 @gpu_option
 @db_option
 def show(gpu_name, db_url):
-    """List tuned problems per direction: best variant, time, TFLOP/s, trials and failures."""
-    from autoflash import codegen
-    from autoflash.knobs import DIRECTIONS
+    """List tuned problems per direction and kernel family: best variant, time, TFLOP/s, trials and failures."""
+    from autoflash.codegen import current_fingerprints
+    from autoflash.families import DIRECTIONS
 
-    store, family = open_store(db_url, readonly=True), resolve_gpu(gpu_name)  # reading never changes the file
-    fingerprints = {d: codegen.template_fingerprint(d) for d in DIRECTIONS}
-    rows = [(d, row) for d in DIRECTIONS for row in store.summary(family, fingerprints[d], d)]
+    store, gpu_family = open_store(db_url, readonly=True), resolve_gpu(gpu_name)  # reading never changes the file
+    fingerprints = [(d, f, fingerprint) for d in DIRECTIONS for f, fingerprint in current_fingerprints(d).items()]
+    named = ", ".join(f"{d} {f} {fingerprint}" for d, f, fingerprint in fingerprints)
+    rows = [(d, row) for d, _, fingerprint in fingerprints for row in store.summary(gpu_family, fingerprint, d)]
     if not rows:
-        raise click.ClickException(f"nothing tuned for GPU family '{family}' with templates "
-                                   f"{', '.join(f'{d} {f}' for d, f in fingerprints.items())} in {store.url}")
-    best = {(d, p): (knobs, trial) for d in DIRECTIONS for p, knobs, trial in store.best(family, fingerprints[d], d)}
-    click.echo(f"{store.url}: GPU family {family}, templates "
-               + ", ".join(f"{d} {f}" for d, f in fingerprints.items()))
+        raise click.ClickException(f"nothing tuned for GPU family '{gpu_family}' with templates {named} in {store.url}")
+    best = {(d, p): (knobs, trial) for d, _, fingerprint in fingerprints
+            for p, knobs, trial in store.best(gpu_family, fingerprint, d)}
+    click.echo(f"{store.url}: GPU family {gpu_family}, templates {named}")
     click.echo(f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8}  best variant")
     for direction, (problem, trials, failed) in rows:
         knobs, trial = best.get((direction, problem), (None, None))

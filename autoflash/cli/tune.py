@@ -31,7 +31,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
     from autoflash import gpu as gpus
     from autoflash.tune.runner import Runner
-    from autoflash.knobs import DIRECTIONS
+    from autoflash.families import DIRECTIONS
     from autoflash.tune.tuner import tune_problem
 
     problems, store = problems_of(shapes_file), open_store(db_url)

@@ -52,7 +52,7 @@ class VariantRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     direction: Mapped[str] = mapped_column(String(8))  # "fwd"
     knobs: Mapped[str] = mapped_column(Text)  # FwdKnobs.to_json()
-    fingerprint: Mapped[str] = mapped_column(String(32), index=True)  # codegen.template_fingerprint()
+    fingerprint: Mapped[str] = mapped_column(String(32), index=True)  # codegen.template_fingerprint(family, direction)
 
 
 class TrialRow(Base):

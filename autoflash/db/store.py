@@ -20,7 +20,7 @@ from sqlalchemy import case, create_engine, event, func, inspect, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-import autoflash
+from autoflash._version import __version__
 from autoflash.db.models import (SCHEMA_VERSION, STATUSES, Base, BaselineRow, GpuRow, ProblemRow, SchemaVersion,
                                  TrialRow, VariantRow)
 from autoflash.gpu import Gpu
@@ -95,7 +95,7 @@ class Store:
                 found = ", ".join(map(str, versions)) or "unknown"
                 raise SchemaMismatch(
                     f"the database {self.url} holds autoflash schema version {found}, this autoflash "
-                    f"(version {autoflash.__version__}) uses {SCHEMA_VERSION}: install the autoflash that wrote it, "
+                    f"(version {__version__}) uses {SCHEMA_VERSION}: install the autoflash that wrote it, "
                     f"or point --db / ${DB_ENV} at a new database and tune again")
             time.sleep(0.1)  # tables without a version row: another process may be creating them
         raise SchemaMismatch(f"{self.url}: the autoflash tables did not appear")
@@ -163,7 +163,7 @@ class Store:
                            median_ms=median_ms,
                            tflops=problem.flops(direction) / median_ms * 1e-9 if median_ms else None,
                            error=error, triton_version=triton.__version__, torch_version=torch.__version__,
-                           autoflash_version=autoflash.__version__, host=_host(), created_at=_now())
+                           autoflash_version=__version__, host=_host(), created_at=_now())
             s.add(row)
             s.commit()
 
@@ -177,14 +177,14 @@ class Store:
     def merge(self, source: "Store", fingerprints: dict[str, str] | None = None) -> tuple[int, int]:
         """Copy the trials and baselines of `source` that this database lacks (same GPU, problem,
         variant, host and time), with their original versions and times: how results of many tuning
-        machines, or the shipped tuning_db/, are gathered. `fingerprints` (direction -> fingerprint)
+        machines, or the shipped tuning_db/, are gathered. `fingerprints` (direction -> fingerprints)
         keeps only trials of those templates. Returns (trials, baselines) copied."""
         copied = [0, 0]
         with Session(source.engine) as src, Session(self.engine) as s:
             for model, index in ((TrialRow, 0), (BaselineRow, 1)):
                 for row in src.scalars(select(model)):
                     if fingerprints is not None and model is TrialRow and \
-                            fingerprints.get(row.variant.direction) != row.variant.fingerprint:
+                            row.variant.fingerprint not in fingerprints.get(row.variant.direction, ()):
                         continue
                     ids = dict(gpu=self._gpu(s, _gpu_of(row.gpu)), problem=self._problem(s, _problem_of(row.problem)))
                     if model is TrialRow:

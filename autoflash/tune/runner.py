@@ -14,7 +14,8 @@ from multiprocessing.connection import wait
 
 import torch
 
-from autoflash.knobs import KNOBS, Knobs
+from autoflash.families import knobs_from_json
+from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.tune.trial import Bench, Outcome
 
@@ -43,7 +44,7 @@ def _serve(conn, role: str, loader: str, interpret: bool):
             except Exception as e:
                 conn.send(f"{type(e).__name__}: {e}")
             continue
-        knobs = KNOBS[direction].from_json(knobs_json)
+        knobs = knobs_from_json(direction, knobs_json)
         outcome = bench.compile(knobs) if role == "compile" else bench.measure(knobs)
         conn.send(outcome)
         if outcome.fatal:

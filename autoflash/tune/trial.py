@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from autoflash import codegen, gpu as gpus
-from autoflash.defaults import default_knobs
+from autoflash.families import default_knobs
 from autoflash.knobs import Knobs
-from autoflash.launch import backward_plan, forward_plan
 from autoflash.problem import Problem
 from autoflash.reference import (GRAD_TOLERANCE, TOLERANCE, attention_backward_reference, attention_reference,
                                  relative_error, sdpa_attention)
@@ -100,14 +99,14 @@ class Bench:
                 refs[b, h] = (dq[0, h - hkv * group], dk[0, 0], dv[0, 0])
         return refs
 
-    def _plan(self, module):
+    def _plan(self, variant: codegen.Variant):
         """launch(i): the variant on input set i (the forward with the log-sum-exp training needs), launched as
         autoflash.attention launches it: compiled once, then started directly (Triton's per-call binding would
         time the host on small problems)."""
         if self.direction == "fwd":
-            plan = forward_plan(module, *self.sets[0], self.out, self.lse, self.scale, self.problem.causal)
+            plan = variant.forward_plan(*self.sets[0], self.out, self.lse, self.scale, self.problem.causal)
             return lambda i: plan(*self.sets[i], self.out, self.lse)
-        plan = backward_plan(module, *self.sets[0], *self.grads, self.scale, self.problem.causal, None)
+        plan = variant.backward_plan(*self.sets[0], *self.grads, self.scale, self.problem.causal, None)
         return lambda i: plan(*self.sets[i], *self.grads, None)
 
     def compile(self, knobs: Knobs) -> Outcome:

@@ -2,18 +2,18 @@
 
 Every trial is committed as soon as it is measured; a variant already timed for a problem (same
 GPU family, direction and template fingerprint) is answered from the store instead of being timed again.
+Each kernel family the tuner searches has a study of its own per problem and direction.
 """
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autoflash import codegen
+from autoflash import codegen, families
 from autoflash.db.store import Store
-from autoflash.defaults import default_knobs
-from autoflash.dispatch import distance
+from autoflash.families.base import KernelFamily
 from autoflash.gpu import Gpu
-from autoflash.knobs import KNOBS, Knobs, not_worth_timing, violations
+from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.tune.runner import Runner
 from autoflash.tune.search import restricted_space, search
@@ -44,27 +44,30 @@ def baseline_name(direction: str) -> str:
     return "sdpa" if direction == "fwd" else f"sdpa_{direction}"
 
 
-def study_name(gpu: Gpu, problem: Problem, direction: str = "fwd") -> str:
-    return f"autoflash:{gpu.family}:{problem.key()}:{direction}:{codegen.template_fingerprint(direction)}"
+def study_name(gpu: Gpu, problem: Problem, family: str, direction: str = "fwd") -> str:
+    return (f"autoflash:{gpu.family}:{problem.key()}:{direction}:{family}:"
+            f"{codegen.template_fingerprint(family, direction)}")
 
 
-def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd", count: int = 3) -> list[Knobs]:
-    """Best variants of the tuned problems closest to `problem` (of the same kind; see dispatch.distance)."""
-    near = [(d, knobs) for other, knobs, _ in store.best(gpu.family, codegen.template_fingerprint(direction), direction)
-            if other != problem and (d := distance(problem, other)) is not None]
-    return [KNOBS[direction].from_json(knobs) for _, knobs in sorted(near)[:count]]
+def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, family: str, direction: str = "fwd",
+                  count: int = 3) -> list[Knobs]:
+    """Best `family` variants of the tuned problems closest to `problem` (of the same kind: Problem.distance)."""
+    fingerprint = codegen.template_fingerprint(family, direction)
+    near = [(d, knobs) for other, knobs, _ in store.best(gpu.family, fingerprint, direction)
+            if other != problem and (d := problem.distance(other)) is not None]
+    return [families.knobs_from_json(direction, knobs) for _, knobs in sorted(near)[:count]]
 
 
 def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd") -> list[Knobs]:
     """Winners of `problem` under earlier templates, still valid as knobs: after a template change
     they are the best first guesses. They are timed again like any other point, never reused."""
-    current = codegen.template_fingerprint(direction)
+    current = set(codegen.current_fingerprints(direction).values())
     guesses = []
     for fingerprint in store.fingerprints(gpu.family, direction):
         for other, knobs, _ in store.best(gpu.family, fingerprint, direction):
-            if fingerprint != current and other == problem:
+            if fingerprint not in current and other == problem:
                 try:
-                    guesses.append(KNOBS[direction].from_json(knobs))
+                    guesses.append(families.knobs_from_json(direction, knobs))
                 except ValueError:  # a knob that no longer exists, or a value no longer offered
                     pass
     return guesses
@@ -73,11 +76,31 @@ def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, direction: str = "fwd",
                  sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None, seed: int | None = None,
                  on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None) -> Report:
-    """Search `direction` variants for `problem` and record every trial. Trials already in the store
-    count toward `n_trials` (a second run resumes) and are never timed again."""
+    """Search `direction` variants of every searched kernel family for `problem` (`n_trials` per family) and
+    record every trial. Trials already in the store count toward `n_trials` (a second run resumes) and are
+    never timed again."""
     started = time.monotonic()
-    knobs_class = KNOBS[direction]
-    fingerprint = codegen.template_fingerprint(direction)
+    done = {}
+    for family in families.searched(direction):
+        done |= _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
+                               sampler=sampler, n_trials=n_trials, time_budget=time_budget, seed=seed,
+                               on_trial=on_trial)
+    sdpa_ms = runner.sdpa_ms(problem, direction)
+    if sdpa_ms is not None:
+        store.record_baseline(gpu, problem, baseline_name(direction), sdpa_ms)
+    ok = {k: t for k, t in done.items() if t.status == "ok"}
+    best = min(ok, key=lambda k: ok[k].median_ms, default=None)
+    return Report(problem, direction, families.knobs_from_json(direction, best) if best else None,
+                  ok[best].median_ms if best else None,
+                  sdpa_ms, trials=len(done), failures=len(done) - len(ok), wall_s=time.monotonic() - started)
+
+
+def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,
+                   direction: str, sampler: str, n_trials: int, time_budget: float | None, seed: int | None,
+                   on_trial: Callable[[Knobs, float | None], None]) -> dict:
+    """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new."""
+    knobs_class = family.knobs[direction]
+    fingerprint = codegen.template_fingerprint(family.name, direction)
     done = store.finished(gpu.family, problem, fingerprint, direction)
 
     def evaluate(points):
@@ -93,21 +116,15 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
 
     def is_valid(point) -> bool:
         knobs = knobs_class(**point)
-        return not violations(knobs, problem, gpu) and not not_worth_timing(knobs, problem, gpu)
+        return not family.violations(knobs, problem, gpu) and not family.not_worth_timing(knobs, problem, gpu)
 
-    warm = [default_knobs(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
-            *nearest_tuned(store, gpu, problem, direction)]
+    guesses = [families.default_knobs(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
+               *nearest_tuned(store, gpu, problem, family.name, direction)]
+    warm = [k.as_point() for k in guesses if k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
     search(restricted_space(knobs_class.search_space(), is_valid), evaluate,
-           study_name=study_name(gpu, problem, direction), storage=store.optuna_storage(), sampler=sampler,
-           seed=seed, n_trials=n_trials, time_budget=time_budget, warm_start=[k.as_point() for k in warm],
+           study_name=study_name(gpu, problem, family.name, direction), storage=store.optuna_storage(),
+           sampler=sampler, seed=seed, n_trials=n_trials, time_budget=time_budget, warm_start=warm,
            is_valid=is_valid, batch_size=max(4, len(runner.compilers)), known=known,
            on_trial=lambda p, v: on_trial(knobs_class(**p), v))
-    sdpa_ms = runner.sdpa_ms(problem, direction)
-    if sdpa_ms is not None:
-        store.record_baseline(gpu, problem, baseline_name(direction), sdpa_ms)
-    ok = {k: t for k, t in done.items() if t.status == "ok"}
-    best = min(ok, key=lambda k: ok[k].median_ms, default=None)
-    return Report(problem, direction, knobs_class.from_json(best) if best else None,
-                  ok[best].median_ms if best else None,
-                  sdpa_ms, trials=len(done), failures=len(done) - len(ok), wall_s=time.monotonic() - started)
+    return done

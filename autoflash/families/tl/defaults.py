@@ -1,4 +1,5 @@
-"""Heuristic default variants per GPU and direction: what runs where nothing is tuned.
+"""The `tl` family's heuristic default variants per GPU and direction (what runs where nothing is tuned), and
+how tuned knobs are fitted to another problem or to one call.
 
 The table is searched most specific first; the first row of the direction whose GPU family,
 compute capability, dtype and head dim match gives the knobs, which `fit` then shrinks to the
@@ -9,10 +10,13 @@ from dataclasses import replace
 
 import triton
 
+from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
+from autoflash.families.tl.limits import (grid_y, not_worth_timing, programs, query_rows, split_saves_columns,
+                                          tma_violations, violations)
 from autoflash.gpu import Gpu
-from autoflash.knobs import (KNOBS, MAX_GRID_Y, BwdKnobs, FwdKnobs, Knobs, grid_y, head_dim_pad, not_worth_timing,
-                             programs, query_rows, split_saves_columns, tma_violations, violations)
+from autoflash.knobs import MAX_GRID_Y, Knobs, head_dim_pad
 from autoflash.problem import Problem
+from autoflash.resources import launcher
 
 HALF = ("float16", "bfloat16")
 ANY = ("float16", "bfloat16", "float32")
@@ -40,13 +44,13 @@ _TABLE = [
 ]
 
 
-def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> Knobs:
+def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> Knobs | None:
     d = head_dim_pad(problem.head_dim)
     for family, capability, dtypes, max_head_dim, knobs in _TABLE:
-        if isinstance(knobs, KNOBS[direction]) and family in ("*", gpu.family) and gpu.capability >= capability \
+        if knobs.DIRECTION == direction and family in ("*", gpu.family) and gpu.capability >= capability \
                 and problem.dtype in dtypes and d <= max_head_dim:
             return split_keys(fit(split_head_dim(pack_heads(knobs, problem), problem), problem, gpu), problem, gpu)
-    raise LookupError(f"no default {direction} variant for {problem} on {gpu.name}")
+    return None
 
 
 def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
@@ -78,8 +82,7 @@ def pack_heads(knobs: Knobs, problem: Problem) -> Knobs:
     the query heads of a KV head into the tile. H100 (benchmarks/NOTES.md, 20.): decode and 4-token
     steps with 4-16 query heads per KV head ran 1.3-4.7x faster packed (with key splits); a 2048-token
     prefill ran at half the speed."""
-    if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2" or problem.heads_q == problem.heads_kv \
-            or problem.seqlen_q >= knobs.block_m:
+    if not isinstance(knobs, FwdKnobs) or problem.heads_q == problem.heads_kv or problem.seqlen_q >= knobs.block_m:
         return knobs
     return replace(knobs, pack_gqa=True, loads="pointer")
 
@@ -88,7 +91,7 @@ def split_head_dim(knobs: Knobs, problem: Problem) -> Knobs:
     """Head dims between powers of two (40, 80, 96, ...): two column tiles where they span fewer columns than
     one padded tile. H100 (benchmarks/NOTES.md, 26.-27.): the best split variant ran 1.03-1.07x (d40),
     1.15-1.31x (d80) and 1.05-1.11x (d96) against the tuned unsplit ones, and tuning chose a split at all three."""
-    if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2":
+    if not isinstance(knobs, FwdKnobs):
         return knobs
     return replace(knobs, head_dim_split=True) if split_saves_columns(problem) else knobs
 
@@ -98,7 +101,7 @@ def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
     the most splits (a power of two) that keep the programs within two per SM and each split two key
     blocks or more. H100 (benchmarks/NOTES.md, 17.): 64 programs of 1024 x 16384 keys ran 1.9x faster
     with 4 splits; 128 programs of 4096 x 4096 keys ran 12% slower with 2."""
-    if not isinstance(knobs, FwdKnobs) or knobs.loop_order != "fa2":
+    if not isinstance(knobs, FwdKnobs):
         return knobs
     count = programs(knobs, problem)
     if 2 * count > gpu.multiprocessors:
@@ -108,3 +111,13 @@ def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
         if count * splits <= 2 * gpu.multiprocessors and not not_worth_timing(candidate, problem, gpu):
             return candidate
     return knobs
+
+
+def for_call(knobs: Knobs, *, tensors, deterministic: bool) -> tuple[Knobs, str]:
+    """The knobs one call can run: pointer loads where its tensors (q, k, v, out) are not 16-byte aligned for
+    TMA, dQ in its own pass under deterministic=True; and a note saying what changed."""
+    if isinstance(knobs, FwdKnobs) and knobs.loads != "pointer" and not launcher("tl").tma_aligned(*tensors):
+        return replace(knobs, loads="pointer"), "TMA needs 16-byte aligned strides: pointer loads instead"
+    if isinstance(knobs, BwdKnobs) and deterministic and knobs.dq == "atomic":
+        return replace(knobs, dq="separate"), "deterministic=True: dQ in its own pass instead of atomics"
+    return knobs, ""

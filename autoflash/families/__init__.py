@@ -1,0 +1,71 @@
+"""Kernel families, one registration line each: the tuner, dispatch, codegen and export reach every family
+through these functions and `KernelFamily`, never by asking which one a variant is."""
+
+import json
+
+from autoflash.families import fa1, tl
+from autoflash.families.base import KernelFamily
+from autoflash.gpu import Gpu
+from autoflash.knobs import InvalidKnobs, Knobs
+from autoflash.problem import Problem
+
+# In order of preference for a problem nothing was tuned for (the first family with a default wins).
+FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
+    tl.FAMILY,
+    fa1.FAMILY,
+)}
+DIRECTIONS = ("fwd", "bwd")
+
+
+def of(knobs: Knobs) -> KernelFamily:
+    return FAMILIES[knobs.family]
+
+
+def implementing(direction: str) -> list[KernelFamily]:
+    """The families with kernels for `direction`."""
+    return [f for f in FAMILIES.values() if direction in f.knobs]
+
+
+def searched(direction: str) -> list[KernelFamily]:
+    """The families the tuner searches for `direction`."""
+    return [f for f in implementing(direction) if f.searched]
+
+
+def knobs_from_json(direction: str, text: str) -> Knobs:
+    """Knobs from their JSON (a database record, an export header). Records written before families had
+    folders name a `loop_order` instead of a family: fa1 is its own family now, fa2 became `tl`."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"knobs must be a JSON object, got {text[:80]!r}")
+    if "family" not in data:
+        data["family"] = {"fa1": "fa1"}.get(data.pop("loop_order", "fa2"), "tl")
+        if data["family"] == "fa1":
+            data = {name: value for name, value in data.items() if name in fa1.FwdKnobs.choices()}
+    family = FAMILIES.get(data["family"])
+    if family is None or direction not in family.knobs:
+        raise ValueError(f"no kernel family {data['family']!r} with {direction} kernels: this record comes from "
+                         f"another autoflash version (families: {sorted(FAMILIES)})")
+    return family.knobs[direction].from_dict(data)
+
+
+def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> Knobs:
+    """The heuristic variant of the first family (in `FAMILIES` order) that has one for `problem` on `gpu`."""
+    for family in implementing(direction):
+        knobs = family.default(problem, gpu, direction)
+        if knobs is not None:
+            return knobs
+    raise LookupError(f"no default {direction} variant for {problem} on {gpu.name}")
+
+
+def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
+    return of(knobs).violations(knobs, problem, gpu)
+
+
+def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
+    return of(knobs).not_worth_timing(knobs, problem, gpu)
+
+
+def check(knobs: Knobs, problem: Problem, gpu: Gpu) -> None:
+    why = violations(knobs, problem, gpu)
+    if why:
+        raise InvalidKnobs(f"{knobs} cannot run {problem} on {gpu.family}: " + "; ".join(why))
