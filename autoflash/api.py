@@ -138,9 +138,9 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
 
 
 def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic):
-    """run(q, k, v, out, addresses) for bfloat16 under Triton's interpreter, whose tl.dot on bfloat16 is wrong (Triton 3.9):
-    attention of float32 copies, cast back to bfloat16 (lse stays float32). Differentiable through the casts:
-    gradients flow back as bfloat16. `out` is filled by a copy."""
+    """run(q, k, v, out, addresses) for bfloat16 under Triton's interpreter, whose tl.dot on bfloat16 is wrong
+    (Triton 3.9): attention of float32 copies, cast back to bfloat16 (lse stays float32). Differentiable through
+    the casts: gradients flow back as bfloat16. `out` is filled by a copy."""
     def run(q, k, v, out, addresses):
         if out is not None:
             check_out(q, k, v, out, addresses)
@@ -224,6 +224,11 @@ def explain(q, k, v, *, causal=False, deterministic=False) -> str:
         if choice.tuned:
             lines.append(f"{direction} tuned:   {choice.tuned.problem.label()} at {choice.tuned.median_ms:.4f} ms, "
                          f"{choice.tuned.tflops:.1f} TFLOP/s")
+        if not choice.tuned or choice.tuned.problem != problem:
+            why = DISPATCHER.why_untuned(problem, gpu, direction)
+            if why:
+                running = "the default" if choice.tuned is None else "the nearest tuned problem's variant"
+                lines.append(f"{direction} tuned:   {why}; running {running}")
         lines.append(f"{direction} knobs:   {choice.knobs.to_json()}")
     return "\n".join(lines)
 

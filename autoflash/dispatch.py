@@ -61,17 +61,29 @@ def user_url() -> str | None:
 
 def read_records(url: str, family: str, direction: str = "fwd") -> list[Record]:
     """Best `direction` records of `family` under the current templates in the database at `url` (one query)."""
+    return _read(url, lambda store: [
+        Record(problem, KNOBS[direction].from_json(knobs), trial.median_ms, trial.tflops)
+        for problem, knobs, trial in store.best(family, codegen.template_fingerprint(direction), direction)], [])
+
+
+def why_untuned(url: str, problem: Problem, family: str, direction: str = "fwd") -> str | None:
+    """Why `problem`, tuned on `family` under the current templates in the database at `url`, has no working
+    variant there (Store.unusable); None where it has one, or was not tuned."""
+    fingerprint = codegen.template_fingerprint(direction)
+    return _read(url, lambda store: store.unusable(family, fingerprint, direction, problem).get(problem.key()), None)
+
+
+def _read(url: str, query, unreadable):
+    """query(the database at `url`, read-only), or `unreadable` with a warning where it cannot be read."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from autoflash.db.store import SchemaMismatch, Store  # SQLAlchemy only once a database is read
 
     try:
-        store = Store(url, readonly=True)
-        return [Record(problem, KNOBS[direction].from_json(knobs), trial.median_ms, trial.tflops)
-                for problem, knobs, trial in store.best(family, codegen.template_fingerprint(direction), direction)]
+        return query(Store(url, readonly=True))
     except (SchemaMismatch, SQLAlchemyError, ValueError) as e:
-        warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
-        return []
+        warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=3)
+        return unreadable
 
 
 def distance(a: Problem, b: Problem) -> float | None:
@@ -104,12 +116,19 @@ class Dispatcher:
         self._sources: dict[tuple[str, str], list[tuple[str, list[Record]]]] = {}
         self._lock = threading.Lock()
 
+    def urls(self) -> list[str]:
+        return self._urls if self._urls is not None else [u for u in (user_url(), *shipped_urls()) if u]
+
     def sources(self, family: str, direction: str = "fwd") -> list[tuple[str, list[Record]]]:
         with self._lock:
             if (family, direction) not in self._sources:
-                urls = self._urls if self._urls is not None else [u for u in (user_url(), *shipped_urls()) if u]
-                self._sources[family, direction] = [(url, read_records(url, family, direction)) for url in urls]
+                self._sources[family, direction] = [(url, read_records(url, family, direction)) for url in self.urls()]
             return self._sources[family, direction]
+
+    def why_untuned(self, problem: Problem, gpu: Gpu, direction: str = "fwd") -> str | None:
+        """Why the first source that tuned `problem` without a working variant (none valid, or every trial
+        failed) has none; None where no source did. For explain: it reads the databases at each call."""
+        return next(filter(None, (why_untuned(url, problem, gpu.family, direction) for url in self.urls())), None)
 
     def choice(self, problem: Problem, gpu: Gpu, direction: str = "fwd") -> Choice:
         """The tuned (or default) `direction` knobs for `problem`, fitted to it."""

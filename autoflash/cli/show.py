@@ -9,7 +9,7 @@ from autoflash.cli.common import db_option, gpu_option, open_store, resolve_gpu
 @gpu_option
 @db_option
 def show(gpu_name, db_url):
-    """List tuned problems per direction: best variant, time, TFLOP/s, trials and failures."""
+    """List tuned problems per direction: best variant (or why none works), time, TFLOP/s, trials and failures."""
     from autoflash import codegen
     from autoflash.knobs import DIRECTIONS
 
@@ -20,10 +20,12 @@ def show(gpu_name, db_url):
         raise click.ClickException(f"nothing tuned for GPU family '{family}' with templates "
                                    f"{', '.join(f'{d} {f}' for d, f in fingerprints.items())} in {store.url}")
     best = {(d, p): (knobs, trial) for d in DIRECTIONS for p, knobs, trial in store.best(family, fingerprints[d], d)}
+    unusable = {d: store.unusable(family, fingerprints[d], d) for d in DIRECTIONS}
     click.echo(f"{store.url}: GPU family {family}, templates "
                + ", ".join(f"{d} {f}" for d, f in fingerprints.items()))
     click.echo(f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8}  best variant")
     for direction, (problem, trials, failed) in rows:
         knobs, trial = best.get((direction, problem), (None, None))
         speed = f"{trial.median_ms:9.4f} {trial.tflops:8.1f}" if trial else f"{'-':>9} {'-':>8}"
-        click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {knobs or '(none passed)'}")
+        why = unusable[direction].get(problem.key())
+        click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {knobs or why}")

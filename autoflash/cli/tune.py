@@ -72,6 +72,7 @@ def format_reports(reports) -> str:
     for r in reports:
         ms = f"{r.best_ms:9.4f} {r.tflops:8.1f}" if r.best_ms else f"{'-':>9} {'-':>8}"
         speedup = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7}"
-        best = r.best.to_json() if r.best else "(no variant passed)"
+        best = r.best.to_json() if r.best else f"no valid variant: {r.no_valid_variant}" if r.no_valid_variant \
+            else "(no variant passed)"
         lines.append(f"{r.problem.label():<36} {r.direction:<3} {r.trials:>6} {r.failures:>6} {ms} {speedup} {r.wall_s:7.1f}  {best}")
     return "\n".join(lines)

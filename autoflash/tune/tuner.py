@@ -4,6 +4,7 @@ Every trial is committed as soon as it is measured; a variant already timed for 
 GPU family, direction and template fingerprint) is answered from the store instead of being timed again.
 """
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class Report:
     trials: int
     failures: int
     wall_s: float
+    no_valid_variant: str | None = None  # why no variant could be tried (then nothing was)
 
     @property
     def tflops(self) -> float | None:
@@ -70,6 +72,28 @@ def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd
     return guesses
 
 
+def searched_space(problem: Problem, gpu: Gpu, direction: str = "fwd") -> tuple[Callable[[dict], bool], dict]:
+    """(is_valid, space): the variants the tuner searches and each knob's choices among them. They are the
+    variants that run and are worth timing; where none is worth timing (backward at head dim 256 on the H100:
+    the tiles that fit are small), every variant that runs. Every knob's choices are empty where none runs."""
+    knobs_class = KNOBS[direction]
+
+    def runs(point) -> bool:
+        return not violations(knobs_class(**point), problem, gpu)
+
+    def worth_timing(point) -> bool:
+        return runs(point) and not not_worth_timing(knobs_class(**point), problem, gpu)
+
+    space = restricted_space(knobs_class.search_space(), worth_timing)
+    if all(space.values()):
+        return worth_timing, space
+    return runs, restricted_space(knobs_class.search_space(), runs)
+
+
+# The knobs of a "no_valid_variant" row: it records the problem, not a variant.
+NO_VARIANT = "{}"
+
+
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, direction: str = "fwd",
                  sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None, seed: int | None = None,
                  on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None) -> Report:
@@ -79,6 +103,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     knobs_class = KNOBS[direction]
     fingerprint = codegen.template_fingerprint(direction)
     done = store.finished(gpu.family, problem, fingerprint, direction)
+    recorded_empty = done.pop(NO_VARIANT, None)
 
     def evaluate(points):
         variants = [knobs_class(**p) for p in points]
@@ -91,14 +116,22 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
             runner.run(problem, new, on_outcome=record)
         return [done[k.to_json()].median_ms if done[k.to_json()].status == "ok" else None for k in variants]
 
-    def is_valid(point) -> bool:
-        knobs = knobs_class(**point)
-        return not violations(knobs, problem, gpu) and not not_worth_timing(knobs, problem, gpu)
+    is_valid, valid_space = searched_space(problem, gpu, direction)
+    if not all(valid_space.values()):
+        space = knobs_class.search_space()
+        first = knobs_class(**{name: choices[0] for name, choices in space.items()})
+        why = (f"none of the {math.prod(map(len, space.values()))} {direction} variants can run it on {gpu.name}; "
+               f"e.g. {first.to_json()}: {'; '.join(violations(first, problem, gpu))}")
+        if recorded_empty is None or recorded_empty.error != why:
+            store.record_trial(gpu, problem, NO_VARIANT, fingerprint, "no_valid_variant", error=why,
+                               direction=direction)
+        return Report(problem, direction, None, None, None, trials=0, failures=0,
+                      wall_s=time.monotonic() - started, no_valid_variant=why)
 
     warm = [default_knobs(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
             *nearest_tuned(store, gpu, problem, direction)]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
-    search(restricted_space(knobs_class.search_space(), is_valid), evaluate,
+    search(valid_space, evaluate,
            study_name=study_name(gpu, problem, direction), storage=store.optuna_storage(), sampler=sampler,
            seed=seed, n_trials=n_trials, time_budget=time_budget, warm_start=[k.as_point() for k in warm],
            is_valid=is_valid, batch_size=max(4, len(runner.compilers)), known=known,
