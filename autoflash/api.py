@@ -39,17 +39,19 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, de
             gradients are bitwise the same on every run.
         out: optional (batch, heads_q, seqlen_q, head_dim) tensor of q's dtype and device, last stride 1,
             that the output is written into and returned (no allocation: buffers reused across calls,
-            static outputs in CUDA graphs). It must not overlap k or v. Not differentiable: with out
-            given, q, k and v must not require grad (or call under torch.no_grad()).
+            static outputs in CUDA graphs). It must not share memory with q, k or v (their byte ranges
+            may not intersect), nor with itself (no expanded views), and must not require grad. Not
+            differentiable: with out given, q, k and v must not require grad (or call under torch.no_grad()).
 
     Returns:
         out, shaped and laid out like q (or the given out); with return_lse, (out, lse) where lse is
         float32 (batch, heads_q, seqlen_q), natural log.
     """
     try:
-        key = _call_key(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
+        addresses = _addresses(q, k, v, out)
+        key = _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic)
         run = _plans.get(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan says what is wrong
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan raises what is wrong
         key, run = None, None
     if run is None:
         run = _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
@@ -57,7 +59,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, de
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[key] = run
-    return run(q, k, v, out)
+    return run(q, k, v, out, addresses)
 
 
 # The hot path: a call whose shapes, strides, dtypes, devices, alignment and arguments were seen
@@ -66,30 +68,38 @@ _plans: dict = {}
 _MAX_PLANS = 4096
 
 
-def _call_key(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> tuple:
+def _addresses(q, k, v, out) -> tuple:
+    """The data pointers of q, k, v (and out), read once per call: for the key's alignment and out's overlap check."""
+    if out is None:
+        return q.data_ptr(), k.data_ptr(), v.data_ptr()
+    return q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+
+
+def _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic) -> tuple:
     # get_device() (an int) is cheaper than .device; a CPU tensor gives -1. Each tensor's 16-byte alignment
     # is its own entry: the compiled kernel a plan launches is specialised on it.
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.get_device(), k.get_device(), v.get_device(), q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15,
+           q.get_device(), k.get_device(), v.get_device(), addresses[0] & 15, addresses[1] & 15, addresses[2] & 15,
            causal.__class__, causal, softmax_scale.__class__, softmax_scale, return_lse.__class__, return_lse,
            deterministic.__class__, deterministic)
     if out is None:
         return key
-    return key + (out.shape, out.stride(), out.dtype, out.get_device(), out.data_ptr() & 15)
+    return key + (out.shape, out.stride(), out.dtype, out.get_device(), addresses[3] & 15)
 
 
 def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
     """Check the inputs and compile the forward kernel once (the backward's at the first backward);
-    return what runs every such call: run(q, k, v, out)."""
+    return what runs every such call: run(q, k, v, out, addresses), addresses as _addresses gives them."""
     q_checked, k_checked, v_checked = _checked(q, k, v)
     copies = tuple(t.stride(-1) != 1 for t in (q, k, v))
     needs_copy = any(copies)
     for name, flag in (("causal", causal), ("return_lse", return_lse), ("deterministic", deterministic)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    if out is not None:
-        _check_out(out, q_checked)
+    check_out = None if out is None else _out_checker(q, k, v, _checked_out(out, q_checked))
     scale = _scale(softmax_scale, q.shape[-1])
+    if q.dtype == torch.bfloat16 and gpus.interpreting():
+        return _in_float32(check_out, causal, softmax_scale, return_lse, deterministic)
     forward = training_forward = _no_launch
     backward = None
     if q.numel():
@@ -106,16 +116,15 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
         backward = _built_at_first_call(lambda *args: _backward_launcher(
             codegen.load(DISPATCHER.for_call(problem, gpu, "bwd", tensors, deterministic).knobs), scale, causal))
 
-    def run(q, k, v, out):
+    def run(q, k, v, out, addresses):
+        if out is not None:
+            check_out(q, k, v, out, addresses)
         if needs_copy:
             q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            if out is not None:
-                raise RuntimeError("attention(..., out=...) is not differentiable, and q, k or v requires grad: "
-                                   "leave out=None, or call under torch.no_grad()")
-            out, lse = _Attention.apply(q, k, v, training_forward, backward)
-            return (out, lse) if return_lse else out
         if out is None:
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+                out, lse = _Attention.apply(q, k, v, training_forward, backward)
+                return (out, lse) if return_lse else out
             out = torch.empty_like(q)
         if return_lse:
             lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -123,6 +132,21 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
             return out, lse
         forward(q, k, v, out, None)
         return out
+    return run
+
+
+def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic):
+    """run(q, k, v, out, addresses) for bfloat16 under Triton's interpreter, whose tl.dot on bfloat16 is wrong
+    (Triton 3.9): attention of float32 copies, cast back to bfloat16 (lse stays float32). Differentiable through
+    the casts: gradients flow back as bfloat16. `out` is filled by a copy."""
+    def run(q, k, v, out, addresses):
+        if out is not None:
+            check_out(q, k, v, out, addresses)
+        result = attention(q.float(), k.float(), v.float(), causal=causal, softmax_scale=softmax_scale,
+                           return_lse=return_lse, deterministic=deterministic)
+        result_out, lse = result if return_lse else (result, None)
+        result_out = result_out.to(torch.bfloat16) if out is None else out.copy_(result_out)
+        return (result_out, lse) if return_lse else result_out
     return run
 
 
@@ -198,6 +222,11 @@ def explain(q, k, v, *, causal=False, deterministic=False) -> str:
         if choice.tuned:
             lines.append(f"{direction} tuned:   {choice.tuned.problem.label()} at {choice.tuned.median_ms:.4f} ms, "
                          f"{choice.tuned.tflops:.1f} TFLOP/s")
+        if not choice.tuned or choice.tuned.problem != problem:
+            why = DISPATCHER.why_untuned(problem, gpu, direction)
+            if why:
+                running = "the default" if choice.tuned is None else "the nearest tuned problem's variant"
+                lines.append(f"{direction} tuned:   {why}; running {running}")
         lines.append(f"{direction} knobs:   {choice.knobs.to_json()}")
     return "\n".join(lines)
 
@@ -245,7 +274,8 @@ def _checked(q, k, v):
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
 
 
-def _check_out(out, q):
+def _checked_out(out, q):
+    """`out` if it is a valid output for q (shape, dtype, device, layout), else the error that says why."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
     if out.shape != q.shape:
@@ -256,3 +286,46 @@ def _check_out(out, q):
     if out.stride(-1) != 1:
         raise ValueError(f"out must have last stride 1, got strides {out.stride()}: pass a contiguous tensor "
                          "or a .transpose(1, 2) view of one")
+    if _overlaps_itself(out):
+        raise ValueError(f"out has elements that share memory (shape {tuple(out.shape)}, strides {out.stride()}; "
+                         "an expanded view?): pass a tensor of its own, such as torch.empty_like(q)")
+    return out
+
+
+def _overlaps_itself(t) -> bool:
+    """Whether two elements of `t` may share memory: sorted by stride, each dimension's stride must step past
+    everything the smaller ones reach (exact for every layout torch makes by views, transposes and slicing)."""
+    reach = 0
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _byte_span(t) -> int:
+    """Bytes from t's first element to just past its last (strides are never negative in torch)."""
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size() if t.numel() else 0
+
+
+def _out_checker(q, k, v, out):
+    """check(q, k, v, out, addresses), run by every call into `out` of one signature: it refuses an out that
+    requires grad, or shares bytes with q, k or v (the kernel would overwrite what it still reads), and a call
+    that needs gradients. The byte spans follow from the signature's shapes and strides: per call, the check
+    compares the call's pointers (read once for the key too) with a few integer operations."""
+    q_span, k_span, v_span, out_span = (_byte_span(t) for t in (q, k, v, out))
+
+    def check(q, k, v, out, addresses):
+        if out.requires_grad:
+            raise ValueError("out requires grad, and attention writes into it in place: pass a tensor that does "
+                             "not, such as torch.empty_like(q)")
+        q_at, k_at, v_at, start = addresses
+        end = start + out_span  # [start, end) meets [t_at, t_at + span) when start - span < t_at < end
+        if start - q_span < q_at < end or start - k_span < k_at < end or start - v_span < v_at < end:
+            name = "q" if start - q_span < q_at < end else "k" if start - k_span < k_at < end else "v"
+            raise ValueError(f"out overlaps {name} in memory, and the kernel would overwrite {name} while reading "
+                             "it: pass a separate output tensor, such as torch.empty_like(q)")
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise RuntimeError("attention(..., out=...) is not differentiable, and q, k or v requires grad: "
+                               "leave out=None, or call under torch.no_grad()")
+    return check

@@ -60,19 +60,34 @@ def user_url() -> str | None:
 def read_records(url: str, gpu_family: str, direction: str = "fwd") -> list[Record]:
     """Best `direction` records of `gpu_family` under every kernel family's current templates in the database
     at `url`, the fastest variant of each problem first."""
+    records = _read(url, lambda store: [
+        Record(problem, families.knobs_from_json(direction, knobs), trial.median_ms, trial.tflops)
+        for fingerprint in codegen.current_fingerprints(direction).values()
+        for problem, knobs, trial in store.best(gpu_family, fingerprint, direction)], [])
+    return sorted(records, key=lambda r: r.median_ms)
+
+
+def why_untuned(url: str, problem: Problem, gpu_family: str, direction: str = "fwd") -> str | None:
+    """Why `problem`, tuned on `gpu_family` under the current templates in the database at `url`, has no working
+    variant there (Store.unusable, per kernel family); None where none says so."""
+    def query(store):
+        reasons = [(family, store.unusable(gpu_family, fingerprint, direction, problem).get(problem.key()))
+                   for family, fingerprint in codegen.current_fingerprints(direction).items()]
+        return "; ".join(f"{family}: {why}" for family, why in reasons if why) or None
+    return _read(url, query, None)
+
+
+def _read(url: str, query, unreadable):
+    """query(the database at `url`, read-only), or `unreadable` with a warning where it cannot be read."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from autoflash.db.store import SchemaMismatch, Store  # SQLAlchemy only once a database is read
 
     try:
-        store = Store(url, readonly=True)
-        records = [Record(problem, families.knobs_from_json(direction, knobs), trial.median_ms, trial.tflops)
-                   for fingerprint in codegen.current_fingerprints(direction).values()
-                   for problem, knobs, trial in store.best(gpu_family, fingerprint, direction)]
+        return query(Store(url, readonly=True))
     except (SchemaMismatch, SQLAlchemyError, ValueError) as e:
-        warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
-        return []
-    return sorted(records, key=lambda r: r.median_ms)
+        warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=3)
+        return unreadable
 
 
 def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], direction: str = "fwd") -> Choice:
@@ -99,13 +114,20 @@ class Dispatcher:
         self._choices: dict[tuple[Problem, Gpu, str], Choice] = {}
         self._lock = threading.Lock()
 
+    def urls(self) -> list[str]:
+        return self._urls if self._urls is not None else [u for u in (user_url(), *shipped_urls()) if u]
+
     def sources(self, gpu_family: str, direction: str = "fwd") -> list[tuple[str, list[Record]]]:
         with self._lock:
             if (gpu_family, direction) not in self._sources:
-                urls = self._urls if self._urls is not None else [u for u in (user_url(), *shipped_urls()) if u]
                 self._sources[gpu_family, direction] = [(url, read_records(url, gpu_family, direction))
-                                                        for url in urls]
+                                                        for url in self.urls()]
             return self._sources[gpu_family, direction]
+
+    def why_untuned(self, problem: Problem, gpu: Gpu, direction: str = "fwd") -> str | None:
+        """Why the first source that tuned `problem` without a working variant (none valid, or every trial
+        failed) has none; None where no source did. For explain: it reads the databases at each call."""
+        return next(filter(None, (why_untuned(url, problem, gpu.family, direction) for url in self.urls())), None)
 
     def choice(self, problem: Problem, gpu: Gpu, direction: str = "fwd") -> Choice:
         """The tuned (or default) `direction` knobs for `problem`, fitted to it (memoised)."""

@@ -9,21 +9,32 @@ from autoflash.cli.common import db_option, gpu_option, open_store, resolve_gpu
 @gpu_option
 @db_option
 def show(gpu_name, db_url):
-    """List tuned problems per direction and kernel family: best variant, time, TFLOP/s, trials and failures."""
+    """List tuned problems per direction: best variant of any kernel family (or why none works), time,
+    TFLOP/s, trials and failures."""
     from autoflash.codegen import current_fingerprints
     from autoflash.families import DIRECTIONS
 
     store, gpu_family = open_store(db_url, readonly=True), resolve_gpu(gpu_name)  # reading never changes the file
     fingerprints = [(d, f, fingerprint) for d in DIRECTIONS for f, fingerprint in current_fingerprints(d).items()]
     named = ", ".join(f"{d} {f} {fingerprint}" for d, f, fingerprint in fingerprints)
-    rows = [(d, row) for d, _, fingerprint in fingerprints for row in store.summary(gpu_family, fingerprint, d)]
-    if not rows:
+    counts: dict[tuple, list[int]] = {}  # (direction, problem) -> [trials, failed], over the families
+    for d, _, fingerprint in fingerprints:
+        for problem, trials, failed in store.summary(gpu_family, fingerprint, d):
+            total = counts.setdefault((d, problem), [0, 0])
+            total[0], total[1] = total[0] + trials, total[1] + failed
+    if not counts:
         raise click.ClickException(f"nothing tuned for GPU family '{gpu_family}' with templates {named} in {store.url}")
-    best = {(d, p): (knobs, trial) for d, _, fingerprint in fingerprints
-            for p, knobs, trial in store.best(gpu_family, fingerprint, d)}
+    best, unusable = {}, {}
+    for d, family, fingerprint in fingerprints:
+        for p, knobs, trial in store.best(gpu_family, fingerprint, d):
+            if (d, p) not in best or trial.median_ms < best[d, p][1].median_ms:
+                best[d, p] = (knobs, trial)
+        for key, why in store.unusable(gpu_family, fingerprint, d).items():
+            unusable.setdefault((d, key), []).append(f"{family}: {why}")
     click.echo(f"{store.url}: GPU family {gpu_family}, templates {named}")
     click.echo(f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8}  best variant")
-    for direction, (problem, trials, failed) in rows:
+    for (direction, problem), (trials, failed) in counts.items():
         knobs, trial = best.get((direction, problem), (None, None))
         speed = f"{trial.median_ms:9.4f} {trial.tflops:8.1f}" if trial else f"{'-':>9} {'-':>8}"
-        click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {knobs or '(none passed)'}")
+        why = "; ".join(unusable.get((direction, problem.key()), []))
+        click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {knobs or why}")

@@ -34,13 +34,18 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     from autoflash.families import DIRECTIONS
     from autoflash.tune.tuner import tune_problem
 
-    problems, store = problems_of(shapes_file), open_store(db_url)
-    here = gpus.current()
+    problems, here = problems_of(shapes_file), gpus.current()
     if here.family == "interpreter" and not interpret:
         raise click.ClickException("no CUDA GPU here: pass --interpret to tune in Triton's interpreter")
     if gpu_name is not None and gpu_name.lower() != here.family:
         raise click.ClickException(f"--gpu {gpu_name} does not match the GPU here ({here.name}, family "
                                    f"'{here.family}'): results are filed under the GPU that measured them")
+    bf16 = [p.label() for p in problems if p.dtype == "bfloat16"]
+    if here.family == "interpreter" and bf16:
+        raise click.ClickException(f"{len(bf16)} bfloat16 problem(s) ({bf16[0]}, ...) cannot be tuned in Triton's "
+                                   "interpreter, whose tl.dot on bfloat16 is wrong (every trial would be "
+                                   "wrong_result): tune them on a GPU, or tune float16 here")
+    store = open_store(db_url)
     click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
     reports = []
     try:
@@ -67,6 +72,7 @@ def format_reports(reports) -> str:
     for r in reports:
         ms = f"{r.best_ms:9.4f} {r.tflops:8.1f}" if r.best_ms else f"{'-':>9} {'-':>8}"
         speedup = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7}"
-        best = r.best.to_json() if r.best else "(no variant passed)"
+        best = r.best.to_json() if r.best else f"no valid variant: {r.no_valid_variant}" if r.no_valid_variant \
+            else "(no variant passed)"
         lines.append(f"{r.problem.label():<36} {r.direction:<3} {r.trials:>6} {r.failures:>6} {ms} {speedup} {r.wall_s:7.1f}  {best}")
     return "\n".join(lines)

@@ -9,8 +9,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # Bump on any change of the tables below; store.open_store refuses a database of another version.
 SCHEMA_VERSION = 1
 
-# Trial outcomes. Only "ok" trials are ever chosen.
-STATUSES = ("ok", "compile_error", "out_of_resources", "timeout", "crashed", "wrong_result")
+# Trial outcomes. Only "ok" trials are ever chosen. "no_valid_variant" records a problem whose search space
+# is empty (no variant passes knobs.violations()): its variant's knobs are "{}" and its error says why.
+STATUSES = ("ok", "compile_error", "out_of_resources", "timeout", "crashed", "wrong_result", "no_valid_variant")
 
 
 class Base(DeclarativeBase):

@@ -240,15 +240,39 @@ class Store:
                                   .where(GpuRow.family == family, VariantRow.direction == direction)))
 
     def summary(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, int, int]]:
-        """Per problem tuned on `family`: (problem, trials, failed trials)."""
+        """Per problem tuned on `family`: (problem, trials, failed trials); a no_valid_variant row is no trial."""
         with Session(self.engine) as s:
-            rows = s.execute(select(ProblemRow, func.count(TrialRow.id),
-                                    func.sum(case((TrialRow.status != "ok", 1), else_=0)))
+            rows = s.execute(select(ProblemRow, func.sum(case((TrialRow.status != "no_valid_variant", 1), else_=0)),
+                                    func.sum(case((TrialRow.status.notin_(("ok", "no_valid_variant")), 1), else_=0)))
                              .join(TrialRow.problem).join(TrialRow.variant).join(TrialRow.gpu)
                              .where(GpuRow.family == family, VariantRow.fingerprint == fingerprint,
                                     VariantRow.direction == direction)
                              .group_by(ProblemRow.id).order_by(ProblemRow.id)).all()
-            return [(_problem_of(p), count, int(failed or 0)) for p, count, failed in rows]
+            return [(_problem_of(p), int(count or 0), int(failed or 0)) for p, count, failed in rows]
+
+    def unusable(self, family: str, fingerprint: str, direction: str = "fwd",
+                 problem: Problem | None = None) -> dict[str, str]:
+        """Per problem key tuned on `family` without an ok trial (of `problem` only, if given): why, as
+        "no valid variant (reasons)" or "all N trials failed (statuses)"."""
+        query = self._trials(family, fingerprint, direction).with_only_columns(
+            ProblemRow.key, TrialRow.status, TrialRow.error).order_by(TrialRow.id)
+        if problem is not None:
+            query = query.where(ProblemRow.key == problem.key())
+        outcomes: dict[str, list[tuple[str, str | None]]] = {}
+        with Session(self.engine) as s:
+            for key, status, error in s.execute(query):
+                outcomes.setdefault(key, []).append((status, error))
+        why = {}
+        for key, rows in outcomes.items():
+            trials = [status for status, _ in rows if status != "no_valid_variant"]
+            if "ok" in trials:
+                continue
+            if trials:
+                counts = ", ".join(f"{trials.count(status)} {status}" for status in sorted(set(trials)))
+                why[key] = f"all {len(trials)} trials failed ({counts})"
+            else:
+                why[key] = f"no valid variant ({rows[-1][1]})"
+        return why
 
     def baseline(self, family: str, problem: Problem, backend: str) -> float | None:
         """The latest time of `backend` on `problem` on this GPU family."""

@@ -44,6 +44,8 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=study_name, storage=storage, sampler=make_sampler(sampler, seed),
                                 direction="minimize", load_if_exists=True)
+    if not all(space.values()):  # no valid point: nothing to propose
+        return study
     _add_known(study, space, known)
     seen = {_key(_decode(t.params, space)) for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
     queue = valid_points(space, is_valid) if sampler == "grid" else \

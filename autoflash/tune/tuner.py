@@ -5,6 +5,7 @@ GPU family, direction and template fingerprint) is answered from the store inste
 Each kernel family the tuner searches has a study of its own per problem and direction.
 """
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class Report:
     trials: int
     failures: int
     wall_s: float
+    no_valid_variant: str | None = None  # why no variant of any family could be tried (then nothing was)
 
     @property
     def tflops(self) -> float | None:
@@ -73,18 +75,47 @@ def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd
     return guesses
 
 
+def searched_space(family: KernelFamily, problem: Problem, gpu: Gpu, direction: str = "fwd"
+                   ) -> tuple[Callable[[dict], bool], dict]:
+    """(is_valid, space): the `family` variants the tuner searches and each knob's choices among them. They are
+    the variants that run and are worth timing; where none is worth timing (backward at head dim 256 on the
+    H100: the tiles that fit are small), every variant that runs. Every knob's choices are empty where none runs."""
+    knobs_class = family.knobs[direction]
+
+    def runs(point) -> bool:
+        return not family.violations(knobs_class(**point), problem, gpu)
+
+    def worth_timing(point) -> bool:
+        return runs(point) and not family.not_worth_timing(knobs_class(**point), problem, gpu)
+
+    space = restricted_space(knobs_class.search_space(), worth_timing)
+    if all(space.values()):
+        return worth_timing, space
+    return runs, restricted_space(knobs_class.search_space(), runs)
+
+
+# The knobs of a "no_valid_variant" row: it records the problem, not a variant.
+NO_VARIANT = "{}"
+
+
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, direction: str = "fwd",
                  sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None, seed: int | None = None,
                  on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None) -> Report:
     """Search `direction` variants of every searched kernel family for `problem` (`n_trials` per family) and
     record every trial. Trials already in the store count toward `n_trials` (a second run resumes) and are
-    never timed again."""
+    never timed again. A family with no variant that can run the problem is recorded as such."""
     started = time.monotonic()
-    done = {}
+    done, empty = {}, []
     for family in families.searched(direction):
-        done |= _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
-                               sampler=sampler, n_trials=n_trials, time_budget=time_budget, seed=seed,
-                               on_trial=on_trial)
+        found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
+                                    sampler=sampler, n_trials=n_trials, time_budget=time_budget, seed=seed,
+                                    on_trial=on_trial)
+        done |= found
+        if why:
+            empty.append(f"{family.name}: {why}")
+    if not done and empty:
+        return Report(problem, direction, None, None, None, trials=0, failures=0,
+                      wall_s=time.monotonic() - started, no_valid_variant="; ".join(empty))
     sdpa_ms = runner.sdpa_ms(problem, direction)
     if sdpa_ms is not None:
         store.record_baseline(gpu, problem, baseline_name(direction), sdpa_ms)
@@ -97,11 +128,13 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
 
 def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,
                    direction: str, sampler: str, n_trials: int, time_budget: float | None, seed: int | None,
-                   on_trial: Callable[[Knobs, float | None], None]) -> dict:
-    """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new."""
+                   on_trial: Callable[[Knobs, float | None], None]) -> tuple[dict, str | None]:
+    """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new, and why no
+    variant of it can run the problem (recorded as a "no_valid_variant" row), or None."""
     knobs_class = family.knobs[direction]
     fingerprint = codegen.template_fingerprint(family.name, direction)
     done = store.finished(gpu.family, problem, fingerprint, direction)
+    recorded_empty = done.pop(NO_VARIANT, None)
 
     def evaluate(points):
         variants = [knobs_class(**p) for p in points]
@@ -114,17 +147,23 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
             runner.run(problem, new, on_outcome=record)
         return [done[k.to_json()].median_ms if done[k.to_json()].status == "ok" else None for k in variants]
 
-    def is_valid(point) -> bool:
-        knobs = knobs_class(**point)
-        return not family.violations(knobs, problem, gpu) and not family.not_worth_timing(knobs, problem, gpu)
+    is_valid, valid_space = searched_space(family, problem, gpu, direction)
+    if not all(valid_space.values()):
+        space = knobs_class.search_space()
+        first = knobs_class(**{name: choices[0] for name, choices in space.items()})
+        why = (f"none of the {math.prod(map(len, space.values()))} {direction} variants can run it on {gpu.name}; "
+               f"e.g. {first.to_json()}: {'; '.join(family.violations(first, problem, gpu))}")
+        if recorded_empty is None or recorded_empty.error != why:
+            store.record_trial(gpu, problem, NO_VARIANT, fingerprint, "no_valid_variant", error=why,
+                               direction=direction)
+        return done, why
 
     guesses = [families.default_knobs(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
                *nearest_tuned(store, gpu, problem, family.name, direction)]
     warm = [k.as_point() for k in guesses if k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
-    search(restricted_space(knobs_class.search_space(), is_valid), evaluate,
-           study_name=study_name(gpu, problem, family.name, direction), storage=store.optuna_storage(),
-           sampler=sampler, seed=seed, n_trials=n_trials, time_budget=time_budget, warm_start=warm,
-           is_valid=is_valid, batch_size=max(4, len(runner.compilers)), known=known,
+    search(valid_space, evaluate, study_name=study_name(gpu, problem, family.name, direction),
+           storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials, time_budget=time_budget,
+           warm_start=warm, is_valid=is_valid, batch_size=max(4, len(runner.compilers)), known=known,
            on_trial=lambda p, v: on_trial(knobs_class(**p), v))
-    return done
+    return done, None
