@@ -8,13 +8,15 @@ process (one query per kernel family); `autoflash.attention` keeps the choice pe
 the first call of a signature dispatch touches neither a database nor this module.
 """
 
-import os
 import threading
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoflash import codegen, families
+from autoflash.db import records
+from autoflash.db.base import StoreError
+from autoflash.db.urls import as_url, user_url
 from autoflash.gpu import Gpu
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
@@ -44,35 +46,24 @@ def shipped_urls() -> list[str]:
         folder = data_dir("tuning_db")
     except FileNotFoundError:
         return []
-    return [f"sqlite:///{path}" for path in sorted(Path(folder).glob("*.db"))]
+    return [as_url(path) for path in sorted(Path(folder).glob("*.db"))]
 
 
-def user_url() -> str | None:
-    """The user's database if one exists: $AUTOFLASH_DB, else the default SQLite file when present."""
-    from autoflash.db.store import DB_ENV, default_url
-
-    url = default_url()
-    if os.environ.get(DB_ENV) or not url.startswith("sqlite:///") or Path(url[len("sqlite:///"):]).exists():
-        return url
-    return None
+def default_urls() -> list[str]:
+    """Where dispatch looks, in order: the user's database (if any), then the shipped ones."""
+    return [u for u in (user_url(), *shipped_urls()) if u]
 
 
 def read_records(url: str, gpu_family: str, direction: str = "fwd") -> list[Record]:
     """Best `direction` records of `gpu_family` under every kernel family's current templates in the database
-    at `url`, the fastest variant of each problem first."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from autoflash.db.store import SchemaMismatch, Store  # SQLAlchemy only once a database is read
-
+    at `url`, the fastest variant of each problem first (malformed rows skipped: db/base.py)."""
     try:
-        store = Store(url, readonly=True)
-        records = [Record(problem, families.knobs_from_json(direction, knobs), trial.median_ms, trial.tflops)
-                   for fingerprint in codegen.current_fingerprints(direction).values()
-                   for problem, knobs, trial in store.best(gpu_family, fingerprint, direction)]
-    except (SchemaMismatch, SQLAlchemyError, ValueError) as e:
+        best = records.best_trials(url, gpu_family, direction, codegen.current_fingerprints(direction).values())
+    except StoreError as e:
         warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
         return []
-    return sorted(records, key=lambda r: r.median_ms)
+    return sorted((Record(b.problem, families.knobs_from_json(direction, b.knobs), b.median_ms, b.tflops)
+                   for b in best), key=lambda r: r.median_ms)
 
 
 def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], direction: str = "fwd") -> Choice:
@@ -102,7 +93,7 @@ class Dispatcher:
     def sources(self, gpu_family: str, direction: str = "fwd") -> list[tuple[str, list[Record]]]:
         with self._lock:
             if (gpu_family, direction) not in self._sources:
-                urls = self._urls if self._urls is not None else [u for u in (user_url(), *shipped_urls()) if u]
+                urls = self._urls if self._urls is not None else default_urls()
                 self._sources[gpu_family, direction] = [(url, read_records(url, gpu_family, direction))
                                                         for url in urls]
             return self._sources[gpu_family, direction]
