@@ -84,11 +84,9 @@ def cannot_open(url: str, error: BaseException) -> StoreError:
 
 def missing_driver(url: str, module: str) -> StoreError:
     """The one-line error for a database URL whose Python driver is not installed."""
-    if module == "psycopg2":  # what SQLAlchemy loads for a plain postgresql:// URL
-        how = "pip install psycopg, and write the URL as postgresql+psycopg://... (or pip install psycopg2-binary)"
-    else:
-        how = f"pip install {module}"
-    return StoreError(f"the database {url} needs the Python module '{module}', which is not installed: {how}")
+    package = {"psycopg2": "psycopg2-binary"}.get(module, module)  # psycopg2: what SQLAlchemy 2.0's postgresql:// loads
+    return StoreError(f"the database {url} needs the Python module '{module}', which is not installed: "
+                      f"pip install {package}")
 
 
 def connect_readonly(path: str) -> sqlite3.Connection:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import triton
-from sqlalchemy import URL, case, create_engine, event, func, inspect, select
+from sqlalchemy import URL, Integer, case, create_engine, event, func, inspect, select, type_coerce
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -251,7 +251,8 @@ class Store:
     def best(self, family: str, fingerprint: str, direction: str = "fwd") -> list[BestTrial]:
         """Per tuned problem: its fastest ok trial (malformed rows skipped with a warning: base.best_per_problem)."""
         columns = (TrialRow.id, ProblemRow.batch, ProblemRow.heads_q, ProblemRow.heads_kv, ProblemRow.seqlen_q,
-                   ProblemRow.seqlen_k, ProblemRow.head_dim, ProblemRow.causal, ProblemRow.dtype, VariantRow.knobs,
+                   ProblemRow.seqlen_k, ProblemRow.head_dim, type_coerce(ProblemRow.causal, Integer),  # as stored
+                   ProblemRow.dtype, VariantRow.knobs,
                    VariantRow.fingerprint, TrialRow.median_ms, TrialRow.tflops)
         with Session(self.engine) as s:
             rows = s.execute(self._trials(family, fingerprint, direction, *columns).where(TrialRow.status == "ok")
