@@ -8,13 +8,15 @@ process (one query per kernel family); `autoflash.attention` keeps the choice pe
 the first call of a signature dispatch touches neither a database nor this module.
 """
 
-import os
 import threading
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoflash import codegen, families
+from autoflash.db import records
+from autoflash.db.base import StoreError
+from autoflash.db.urls import as_url, user_url
 from autoflash.gpu import Gpu
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
@@ -44,50 +46,36 @@ def shipped_urls() -> list[str]:
         folder = data_dir("tuning_db")
     except FileNotFoundError:
         return []
-    return [f"sqlite:///{path}" for path in sorted(Path(folder).glob("*.db"))]
+    return [as_url(path) for path in sorted(Path(folder).glob("*.db"))]
 
 
-def user_url() -> str | None:
-    """The user's database if one exists: $AUTOFLASH_DB, else the default SQLite file when present."""
-    from autoflash.db.store import DB_ENV, default_url
-
-    url = default_url()
-    if os.environ.get(DB_ENV) or not url.startswith("sqlite:///") or Path(url[len("sqlite:///"):]).exists():
-        return url
-    return None
+def default_urls() -> list[str]:
+    """Where dispatch looks, in order: the user's database (if any), then the shipped ones."""
+    return [u for u in (user_url(), *shipped_urls()) if u]
 
 
 def read_records(url: str, gpu_family: str, direction: str = "fwd") -> list[Record]:
     """Best `direction` records of `gpu_family` under every kernel family's current templates in the database
-    at `url`, the fastest variant of each problem first."""
-    records = _read(url, lambda store: [
-        Record(problem, families.knobs_from_json(direction, knobs), trial.median_ms, trial.tflops)
-        for fingerprint in codegen.current_fingerprints(direction).values()
-        for problem, knobs, trial in store.best(gpu_family, fingerprint, direction)], [])
-    return sorted(records, key=lambda r: r.median_ms)
+    at `url`, the fastest variant of each problem first (malformed rows skipped: db/base.py)."""
+    try:
+        best = records.best_trials(url, gpu_family, direction, codegen.current_fingerprints(direction).values())
+    except StoreError as e:
+        warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
+        return []
+    return sorted((Record(b.problem, families.knobs_from_json(direction, b.knobs), b.median_ms, b.tflops)
+                   for b in best), key=lambda r: r.median_ms)
 
 
 def why_untuned(url: str, problem: Problem, gpu_family: str, direction: str = "fwd") -> str | None:
     """Why `problem`, tuned on `gpu_family` under the current templates in the database at `url`, has no working
-    variant there (Store.unusable, per kernel family); None where none says so."""
-    def query(store):
-        reasons = [(family, store.unusable(gpu_family, fingerprint, direction, problem).get(problem.key()))
-                   for family, fingerprint in codegen.current_fingerprints(direction).items()]
-        return "; ".join(f"{family}: {why}" for family, why in reasons if why) or None
-    return _read(url, query, None)
-
-
-def _read(url: str, query, unreadable):
-    """query(the database at `url`, read-only), or `unreadable` with a warning where it cannot be read."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from autoflash.db.store import SchemaMismatch, Store  # SQLAlchemy only once a database is read
-
+    variant there, per kernel family; None where none says so."""
     try:
-        return query(Store(url, readonly=True))
-    except (SchemaMismatch, SQLAlchemyError, ValueError) as e:
-        warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=3)
-        return unreadable
+        reasons = [(family, records.why_unusable(url, gpu_family, direction, fingerprint, problem.key()))
+                   for family, fingerprint in codegen.current_fingerprints(direction).items()]
+    except StoreError as e:
+        warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
+        return None
+    return "; ".join(f"{family}: {why}" for family, why in reasons if why) or None
 
 
 def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], direction: str = "fwd") -> Choice:
@@ -115,7 +103,7 @@ class Dispatcher:
         self._lock = threading.Lock()
 
     def urls(self) -> list[str]:
-        return self._urls if self._urls is not None else [u for u in (user_url(), *shipped_urls()) if u]
+        return self._urls if self._urls is not None else default_urls()
 
     def sources(self, gpu_family: str, direction: str = "fwd") -> list[tuple[str, list[Record]]]:
         with self._lock:

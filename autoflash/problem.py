@@ -28,6 +28,21 @@ class Problem:
         return cls(batch, heads_q, k.shape[1], seqlen_q, k.shape[2], head_dim, bool(causal),
                    str(q.dtype).removeprefix("torch."))
 
+    def validate(self) -> "Problem":
+        """This problem, if its fields are well formed (as one read from a file or a database must be); else a
+        ValueError naming the field."""
+        for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"field '{name}' must be a positive integer, got {value!r}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"field 'heads_kv' ({self.heads_kv}) must divide heads_q ({self.heads_q})")
+        if type(self.causal) is not bool:
+            raise ValueError(f"field 'causal' must be true or false, got {self.causal!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"field 'dtype' must be one of {list(DTYPES)}, got {self.dtype!r}")
+        return self
+
     def key(self) -> str:
         """A stable name, e.g. 'b4-hq32-hkv8-sq2048-sk2048-d128-causal-bfloat16'."""
         return (f"b{self.batch}-hq{self.heads_q}-hkv{self.heads_kv}-sq{self.seqlen_q}-sk{self.seqlen_k}"

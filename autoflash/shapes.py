@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from autoflash.problem import DTYPES, Problem
+from autoflash.problem import Problem
 
 REQUIRED = ("batch", "heads_q", "seqlen_q", "head_dim")
 OPTIONAL = {"heads_kv": None, "seqlen_k": None, "causal": False, "dtype": "float16"}
@@ -52,21 +52,15 @@ def expand(entry, where: str) -> list[Problem]:
         one = dict(zip(grid, values))
         one["heads_kv"] = one["heads_q"] if one["heads_kv"] is None else one["heads_kv"]
         one["seqlen_k"] = one["seqlen_q"] if one["seqlen_k"] is None else one["seqlen_k"]
-        _check(one, where)
-        problems.append(Problem(**one))
+        problems.append(_problem(one, where))
     return problems
 
 
-def _check(one: dict, where: str) -> None:
-    for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
-        value = one[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ShapesError(f"{where}: field '{name}' must be a positive integer, got {value!r}")
-    if not 16 <= one["head_dim"] <= 256:
-        raise ShapesError(f"{where}: field 'head_dim' must be 16..256, got {one['head_dim']}")
-    if one["heads_q"] % one["heads_kv"]:
-        raise ShapesError(f"{where}: field 'heads_kv' ({one['heads_kv']}) must divide heads_q ({one['heads_q']})")
-    if not isinstance(one["causal"], bool):
-        raise ShapesError(f"{where}: field 'causal' must be true or false, got {one['causal']!r}")
-    if one["dtype"] not in DTYPES:
-        raise ShapesError(f"{where}: field 'dtype' must be one of {list(DTYPES)}, got {one['dtype']!r}")
+def _problem(one: dict, where: str) -> Problem:
+    try:
+        problem = Problem(**one).validate()
+    except ValueError as e:
+        raise ShapesError(f"{where}: {e}") from None
+    if not 16 <= problem.head_dim <= 256:
+        raise ShapesError(f"{where}: field 'head_dim' must be 16..256, got {problem.head_dim}")
+    return problem

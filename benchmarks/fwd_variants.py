@@ -21,7 +21,6 @@ import triton
 
 import autoflash
 from autoflash import gpu as gpus
-from autoflash.cli.common import as_url
 from autoflash.db.store import Store
 from autoflash.families import default_knobs, violations
 from autoflash.shapes import load_problems
@@ -44,7 +43,7 @@ def main():
     parser.add_argument("--vary", action="append", default=[], help="knob=value[,knob=value]; repeatable")
     parser.add_argument("--out")
     args = parser.parse_args()
-    gpu, store = gpus.current(), Store(as_url(args.db), readonly=True)
+    gpu, store = gpus.current(), Store(args.db, readonly=True)
     common = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   autoflash=autoflash.__version__, command="python " + " ".join(sys.argv),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))

@@ -10,27 +10,27 @@ def resolve_gpu(gpu_name: str | None):
     return gpu_name.lower() if gpu_name else gpus.current().family
 
 
-def as_url(db: str | None) -> str | None:
-    """A SQLAlchemy URL as given; a SQLite file path (`tuning_db/h100.db`) as its sqlite:/// URL."""
-    from pathlib import Path
+def require_tune_extra(*modules: str) -> None:
+    """A one-line error, not a traceback, when a module of the `tune` extra (optuna, sqlalchemy) is missing."""
+    for module in modules:
+        try:
+            __import__(module)
+        except ModuleNotFoundError:
+            command = click.get_current_context().command_path
+            raise click.ClickException(f"{command} needs {module}, which is not installed: "
+                                       "pip install 'autoflash[tune]'") from None
 
-    return f"sqlite:///{Path(db).resolve()}" if db and "://" not in db else db
 
+def open_store(db: str | None, readonly: bool = False):
+    """The store of --db (a URL or a SQLite file path; default $AUTOFLASH_DB, else the per-user file)."""
+    require_tune_extra("sqlalchemy")
+    from autoflash.db.base import StoreError
+    from autoflash.db.store import Store
 
-def open_store(db_url: str | None, readonly: bool = False):
-    from sqlalchemy.exc import ArgumentError, OperationalError
-
-    from autoflash.db.store import SchemaMismatch, Store
-
-    db_url = as_url(db_url)
     try:
-        return Store(db_url, readonly=readonly)
-    except SchemaMismatch as e:
+        return Store(db, readonly=readonly)
+    except StoreError as e:
         raise click.ClickException(str(e)) from e
-    except OperationalError as e:
-        raise click.ClickException(f"cannot open the database {db_url or '(default)'}: {e.orig}") from e
-    except ArgumentError as e:
-        raise click.ClickException(f"{db_url!r} is neither a SQLAlchemy URL nor a file path: {e}") from e
 
 
 def problems_of(shapes_file: str):

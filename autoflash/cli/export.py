@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from autoflash.cli.common import as_url, db_option, gpu_option, problems_of, resolve_gpu, shapes_option
+from autoflash.cli.common import db_option, gpu_option, problems_of, resolve_gpu, shapes_option
 
 
 @click.command()
@@ -16,7 +16,8 @@ def export(gpu_name, shapes_file, db_url, out_dir):
     """Write the best forward and backward variants (of SHAPES, or of every tuned problem) as a standalone
     Python package."""
     from autoflash import gpu as gpus
-    from autoflash.dispatch import Dispatcher, shipped_urls, user_url
+    from autoflash.db.urls import as_url
+    from autoflash.dispatch import Dispatcher, default_urls
     from autoflash.export import export as write_package
     from autoflash.families import DIRECTIONS
 
@@ -25,7 +26,7 @@ def export(gpu_name, shapes_file, db_url, out_dir):
         gpu = gpus.by_family(gpu_family)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    urls = [as_url(db_url)] if db_url else [u for u in (user_url(), *shipped_urls()) if u]
+    urls = [as_url(db_url)] if db_url else default_urls()
     dispatcher = Dispatcher(urls)
     if shapes_file:
         problems = problems_of(shapes_file)

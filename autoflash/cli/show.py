@@ -26,15 +26,15 @@ def show(gpu_name, db_url):
         raise click.ClickException(f"nothing tuned for GPU family '{gpu_family}' with templates {named} in {store.url}")
     best, unusable = {}, {}
     for d, family, fingerprint in fingerprints:
-        for p, knobs, trial in store.best(gpu_family, fingerprint, d):
-            if (d, p) not in best or trial.median_ms < best[d, p][1].median_ms:
-                best[d, p] = (knobs, trial)
+        for b in store.best(gpu_family, fingerprint, d):
+            if (d, b.problem) not in best or b.median_ms < best[d, b.problem].median_ms:
+                best[d, b.problem] = b
         for key, why in store.unusable(gpu_family, fingerprint, d).items():
             unusable.setdefault((d, key), []).append(f"{family}: {why}")
     click.echo(f"{store.url}: GPU family {gpu_family}, templates {named}")
     click.echo(f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8}  best variant")
     for (direction, problem), (trials, failed) in counts.items():
-        knobs, trial = best.get((direction, problem), (None, None))
-        speed = f"{trial.median_ms:9.4f} {trial.tflops:8.1f}" if trial else f"{'-':>9} {'-':>8}"
-        why = "; ".join(unusable.get((direction, problem.key()), []))
-        click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {knobs or why}")
+        b = best.get((direction, problem))
+        speed = f"{b.median_ms:9.4f} {b.tflops:8.1f}" if b else f"{'-':>9} {'-':>8}"
+        why = "; ".join(unusable.get((direction, problem.key()), [])) or "(none passed)"
+        click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {b.knobs if b else why}")

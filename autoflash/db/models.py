@@ -6,8 +6,7 @@ from datetime import datetime
 from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-# Bump on any change of the tables below; store.open_store refuses a database of another version.
-SCHEMA_VERSION = 1
+# Bump base.SCHEMA_VERSION on any change of the tables below: a database of another version is refused.
 
 # Trial outcomes. Only "ok" trials are ever chosen. "no_valid_variant" records a problem whose search space
 # is empty (no variant passes knobs.violations()): its variant's knobs are "{}" and its error says why.

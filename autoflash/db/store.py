@@ -1,12 +1,13 @@
-"""The tuning database: the only module that speaks SQL.
+"""The tuning database: the only module that speaks SQL through SQLAlchemy (records.py reads SQLite without it).
 
-`Store(url)` opens (and creates) a database: SQLite at a per-user path by default, or any
-SQLAlchemy URL such as postgresql://user@host/db, so that many tuning machines share one.
+`Store(db)` opens (and creates) a database: SQLite at a per-user path by default, a SQLite file path, or any
+SQLAlchemy URL such as postgresql+psycopg://user@host/db, so that many tuning machines share one.
 SQLite serialises writers: several processes on one file work (WAL, a long busy timeout), but
 over a network file system, or with many tuning machines, use PostgreSQL.
+Its methods return plain dataclasses (db/base.py), never ORM rows, and raise StoreError, never a driver's error.
 """
 
-import os
+import functools
 import platform
 import socket
 import sqlite3
@@ -16,43 +17,37 @@ from pathlib import Path
 
 import torch
 import triton
-from sqlalchemy import case, create_engine, event, func, inspect, select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy import URL, Integer, case, create_engine, event, func, inspect, select, type_coerce
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from autoflash._version import __version__
-from autoflash.db.models import (SCHEMA_VERSION, STATUSES, Base, BaselineRow, GpuRow, ProblemRow, SchemaVersion,
-                                 TrialRow, VariantRow)
+from autoflash.db.base import (DB_HINT, SCHEMA_VERSION, BestTrial, SchemaMismatch, StoreError, Trial,
+                               best_per_problem, cannot_open, connect_readonly, missing_driver, no_tables,
+                               schema_mismatch, unusable_reasons)
+from autoflash.db.models import STATUSES, Base, BaselineRow, GpuRow, ProblemRow, SchemaVersion, TrialRow, VariantRow
+from autoflash.db.urls import as_url, default_url, sqlite_path
 from autoflash.gpu import Gpu
 from autoflash.problem import Problem
 
-DB_ENV = "AUTOFLASH_DB"
 
-
-def default_url() -> str:
-    """$AUTOFLASH_DB, else SQLite at $XDG_DATA_HOME/autoflash/tuning.db (~/.local/share/...)."""
-    if os.environ.get(DB_ENV):
-        return os.environ[DB_ENV]
-    root = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "autoflash"
-    return f"sqlite:///{root / 'tuning.db'}"
-
-
-class SchemaMismatch(RuntimeError):
-    pass
+def _connect(path: str) -> sqlite3.Connection:
+    """A SQLite connection that waits for other writers instead of failing."""
+    return sqlite3.connect(path, timeout=120, check_same_thread=False)
 
 
 def make_engine(url: str, readonly: bool = False):
     """An engine; SQLite gets WAL and a long busy timeout so that concurrent tuners wait, not fail.
-    `readonly` opens a SQLite file without writing to it (a database shipped inside the package)."""
-    if not url.startswith("sqlite"):
+    `readonly` opens a SQLite file without writing to it (a database shipped inside the package).
+    SQLite connects to the file `sqlite_path` names, so that `?` or `#` in its path are never parsed."""
+    path = sqlite_path(url)
+    if path is None:
         return create_engine(url, pool_pre_ping=True)
     if readonly:
-        path = url.split("///", 1)[-1]
-        return create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
-    path = url.split("///", 1)[-1]
-    if path and path != ":memory:":
+        return create_engine(URL.create("sqlite", database=path), creator=lambda: connect_readonly(path))
+    if path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 120})
+    engine = create_engine(URL.create("sqlite", database=path), creator=lambda: _connect(path))
 
     @event.listens_for(engine, "connect")
     def _wal(connection, _record):
@@ -69,18 +64,42 @@ def make_engine(url: str, readonly: bool = False):
     return engine
 
 
+def _store_errors(method):
+    """The method, raising StoreError (one line naming the database and what to do) for what the database, its
+    driver or SQLAlchemy report."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except StoreError:
+            raise
+        except ModuleNotFoundError as e:  # a URL whose driver (psycopg2, ...) is not installed
+            raise missing_driver(self.url, e.name) from e
+        except DBAPIError as e:
+            raise cannot_open(self.url, e.orig) from e
+        except (SQLAlchemyError, sqlite3.Error, OSError) as e:
+            raise cannot_open(self.url, e) from e
+    return wrapper
+
+
 class Store:
-    def __init__(self, url: str | None = None, readonly: bool = False):
-        self.url = url or default_url()
+    @_store_errors
+    def __init__(self, db: str | None = None, readonly: bool = False):
+        """The database `db` (a URL or a SQLite file path; default: default_url()); `readonly` never writes."""
+        self.url = as_url(db) if db else default_url()
         self.engine = make_engine(self.url, readonly)
         self._ensure_schema(readonly)
+
+    def close(self) -> None:
+        """Close the database's connections (the store opens new ones if used again)."""
+        self.engine.dispose()
 
     def _ensure_schema(self, readonly: bool):
         ours = {t.name for t in Base.metadata.sorted_tables}
         for attempt in range(50):
             tables = set(inspect(self.engine).get_table_names())
             if readonly and not tables & ours:
-                raise SchemaMismatch(f"{self.url} holds no autoflash tables")
+                raise no_tables(self.url)
             if not tables & ours:
                 self._create_schema()
                 continue
@@ -92,13 +111,10 @@ class Store:
                     Base.metadata.create_all(self.engine)  # tables added in this version, if any
                 return
             if versions or attempt == 49:
-                found = ", ".join(map(str, versions)) or "unknown"
-                raise SchemaMismatch(
-                    f"the database {self.url} holds autoflash schema version {found}, this autoflash "
-                    f"(version {__version__}) uses {SCHEMA_VERSION}: install the autoflash that wrote it, "
-                    f"or point --db / ${DB_ENV} at a new database and tune again")
+                raise schema_mismatch(self.url, versions)
             time.sleep(0.1)  # tables without a version row: another process may be creating them
-        raise SchemaMismatch(f"{self.url}: the autoflash tables did not appear")
+        raise SchemaMismatch(f"the database {self.url}: the autoflash tables did not appear; point {DB_HINT} at a "
+                             "new database")
 
     def _create_schema(self):
         """The tables and the version row in one transaction; a process that loses the race to create
@@ -113,11 +129,13 @@ class Store:
             if "already exists" not in str(e):
                 raise
 
+    @_store_errors
     def optuna_storage(self):
         """Optuna's own tables in the same database, so that many processes share each study."""
         import optuna  # the tuning extra: only tuning needs it
 
-        kwargs = {"connect_args": {"timeout": 120}} if self.url.startswith("sqlite") else {"pool_pre_ping": True}
+        path = sqlite_path(self.url)
+        kwargs = {"creator": lambda: _connect(path)} if path is not None else {"pool_pre_ping": True}
         for attempt in range(5):
             try:
                 return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
@@ -152,6 +170,7 @@ class Store:
         return self._get_or_create(s, VariantRow, dict(direction=direction, knobs=knobs_json, fingerprint=fingerprint))
 
     # -- writing -----------------------------------------------------------------------------------
+    @_store_errors
     def record_trial(self, gpu: Gpu, problem: Problem, knobs_json: str, fingerprint: str, status: str,
                      median_ms: float | None = None, error: str | None = None, direction: str = "fwd") -> None:
         """One finished trial, committed at once: a crash later loses nothing recorded before it."""
@@ -167,6 +186,7 @@ class Store:
             s.add(row)
             s.commit()
 
+    @_store_errors
     def record_baseline(self, gpu: Gpu, problem: Problem, backend: str, median_ms: float) -> None:
         with Session(self.engine) as s:
             s.add(BaselineRow(gpu=self._gpu(s, gpu), problem=self._problem(s, problem), backend=backend,
@@ -174,6 +194,7 @@ class Store:
                               created_at=_now()))
             s.commit()
 
+    @_store_errors
     def merge(self, source: "Store", fingerprints: dict[str, str] | None = None) -> tuple[int, int]:
         """Copy the trials and baselines of `source` that this database lacks (same GPU, problem,
         variant, host and time), with their original versions and times: how results of many tuning
@@ -200,6 +221,7 @@ class Store:
             s.commit()
         return copied[0], copied[1]
 
+    @_store_errors
     def make_standalone(self) -> None:
         """SQLite only: leave WAL mode and vacuum, so that the file is whole on its own (as shipped in
         tuning_db/, read from a read-only folder) with no -wal or -shm beside it."""
@@ -210,37 +232,44 @@ class Store:
                 connection.exec_driver_sql("VACUUM")
 
     # -- reading -----------------------------------------------------------------------------------
-    def _trials(self, family: str, fingerprint: str, direction: str):
-        return (select(TrialRow, VariantRow, ProblemRow)
+    def _trials(self, family: str, fingerprint: str, direction: str, *columns):
+        return (select(*columns)
                 .join(TrialRow.variant).join(TrialRow.problem).join(TrialRow.gpu)
                 .where(GpuRow.family == family, VariantRow.fingerprint == fingerprint,
                        VariantRow.direction == direction))
 
-    def finished(self, family: str, problem: Problem, fingerprint: str, direction: str = "fwd") -> dict[str, TrialRow]:
+    @_store_errors
+    def finished(self, family: str, problem: Problem, fingerprint: str, direction: str = "fwd") -> dict[str, Trial]:
         """Trials of `problem` already run with these templates: knobs JSON -> its latest trial."""
-        with Session(self.engine, expire_on_commit=False) as s:
-            rows = s.execute(self._trials(family, fingerprint, direction)
+        with Session(self.engine) as s:
+            rows = s.execute(self._trials(family, fingerprint, direction, VariantRow.knobs, TrialRow.status,
+                                          TrialRow.median_ms, TrialRow.error)
                              .where(ProblemRow.key == problem.key()).order_by(TrialRow.id)).all()
-            return {variant.knobs: trial for trial, variant, _ in rows}
+        return {knobs: Trial(status, median_ms, error) for knobs, status, median_ms, error in rows}
 
-    def best(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, str, TrialRow]]:
-        """Per tuned problem: (problem, knobs JSON of its fastest ok trial, that trial)."""
-        with Session(self.engine, expire_on_commit=False) as s:
-            rows = s.execute(self._trials(family, fingerprint, direction).where(TrialRow.status == "ok")
-                             .order_by(TrialRow.median_ms)).all()
-        best = {}
-        for trial, variant, problem_row in rows:
-            best.setdefault(problem_row.key, (_problem_of(problem_row), variant.knobs, trial))
-        return list(best.values())
+    @_store_errors
+    def best(self, family: str, fingerprint: str, direction: str = "fwd") -> list[BestTrial]:
+        """Per tuned problem: its fastest ok trial (malformed rows skipped with a warning: base.best_per_problem)."""
+        columns = (TrialRow.id, ProblemRow.batch, ProblemRow.heads_q, ProblemRow.heads_kv, ProblemRow.seqlen_q,
+                   ProblemRow.seqlen_k, ProblemRow.head_dim, type_coerce(ProblemRow.causal, Integer),  # as stored
+                   ProblemRow.dtype, VariantRow.knobs,
+                   VariantRow.fingerprint, TrialRow.median_ms, TrialRow.tflops)
+        with Session(self.engine) as s:
+            rows = s.execute(self._trials(family, fingerprint, direction, *columns).where(TrialRow.status == "ok")
+                             .order_by(TrialRow.id)).all()
+        return best_per_problem(rows, direction, self.url)
 
+    @_store_errors
     def fingerprints(self, family: str, direction: str = "fwd") -> list[str]:
         """Template fingerprints with trials of `family` and `direction`."""
         with Session(self.engine) as s:
             return list(s.scalars(select(VariantRow.fingerprint).distinct().join(TrialRow.variant).join(TrialRow.gpu)
                                   .where(GpuRow.family == family, VariantRow.direction == direction)))
 
+    @_store_errors
     def summary(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, int, int]]:
-        """Per problem tuned on `family`: (problem, trials, failed trials); a no_valid_variant row is no trial."""
+        """Per well-formed problem tuned on `family`: (problem, trials, failed trials); a no_valid_variant row is
+        no trial."""
         with Session(self.engine) as s:
             rows = s.execute(select(ProblemRow, func.sum(case((TrialRow.status != "no_valid_variant", 1), else_=0)),
                                     func.sum(case((TrialRow.status.notin_(("ok", "no_valid_variant")), 1), else_=0)))
@@ -248,32 +277,30 @@ class Store:
                              .where(GpuRow.family == family, VariantRow.fingerprint == fingerprint,
                                     VariantRow.direction == direction)
                              .group_by(ProblemRow.id).order_by(ProblemRow.id)).all()
-            return [(_problem_of(p), int(count or 0), int(failed or 0)) for p, count, failed in rows]
+        summary = [(_problem_of(p), int(count or 0), int(failed or 0)) for p, count, failed in rows]
+        return [row for row in summary if _well_formed(row[0])]
 
-    def unusable(self, family: str, fingerprint: str, direction: str = "fwd",
-                 problem: Problem | None = None) -> dict[str, str]:
-        """Per problem key tuned on `family` without an ok trial (of `problem` only, if given): why, as
-        "no valid variant (reasons)" or "all N trials failed (statuses)"."""
-        query = self._trials(family, fingerprint, direction).with_only_columns(
-            ProblemRow.key, TrialRow.status, TrialRow.error).order_by(TrialRow.id)
-        if problem is not None:
-            query = query.where(ProblemRow.key == problem.key())
+    @_store_errors
+    def unusable(self, family: str, fingerprint: str, direction: str = "fwd") -> dict[str, str]:
+        """Per problem key tuned on `family` without an ok trial: why, as "no valid variant (reasons)" or "all N
+        trials failed (statuses)"."""
+        return self._unusable(self._trials(family, fingerprint, direction))
+
+    @_store_errors
+    def unusable_key(self, family: str, fingerprint: str, direction: str, problem_key: str) -> str | None:
+        """`unusable` of one problem, or None."""
+        return self._unusable(self._trials(family, fingerprint, direction)
+                              .where(ProblemRow.key == problem_key)).get(problem_key)
+
+    def _unusable(self, trials) -> dict[str, str]:
+        query = trials.with_only_columns(ProblemRow.key, TrialRow.status, TrialRow.error).order_by(TrialRow.id)
         outcomes: dict[str, list[tuple[str, str | None]]] = {}
         with Session(self.engine) as s:
             for key, status, error in s.execute(query):
                 outcomes.setdefault(key, []).append((status, error))
-        why = {}
-        for key, rows in outcomes.items():
-            trials = [status for status, _ in rows if status != "no_valid_variant"]
-            if "ok" in trials:
-                continue
-            if trials:
-                counts = ", ".join(f"{trials.count(status)} {status}" for status in sorted(set(trials)))
-                why[key] = f"all {len(trials)} trials failed ({counts})"
-            else:
-                why[key] = f"no valid variant ({rows[-1][1]})"
-        return why
+        return unusable_reasons(outcomes)
 
+    @_store_errors
     def baseline(self, family: str, problem: Problem, backend: str) -> float | None:
         """The latest time of `backend` on `problem` on this GPU family."""
         with Session(self.engine) as s:
@@ -282,6 +309,7 @@ class Store:
                                     BaselineRow.backend == backend)
                              .order_by(BaselineRow.id.desc())).first()
 
+    @_store_errors
     def count_trials(self, status: str | None = None) -> int:
         with Session(self.engine) as s:
             query = select(func.count(TrialRow.id))
@@ -296,6 +324,14 @@ def _gpu_of(row: GpuRow) -> Gpu:
 def _problem_of(row: ProblemRow) -> Problem:
     return Problem(row.batch, row.heads_q, row.heads_kv, row.seqlen_q, row.seqlen_k, row.head_dim, row.causal,
                    row.dtype)
+
+
+def _well_formed(problem: Problem) -> bool:
+    try:
+        problem.validate()
+    except ValueError:
+        return False
+    return True
 
 
 def _host() -> str:

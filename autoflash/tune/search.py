@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 
 import optuna
 
+from autoflash.tune import SAMPLERS
+
 Point = dict[str, object]
-SAMPLERS = ("tpe", "random", "grid")
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -55,24 +55,18 @@ def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, family: str, directi
                   count: int = 3) -> list[Knobs]:
     """Best `family` variants of the tuned problems closest to `problem` (of the same kind: Problem.distance)."""
     fingerprint = codegen.template_fingerprint(family, direction)
-    near = [(d, knobs) for other, knobs, _ in store.best(gpu.family, fingerprint, direction)
-            if other != problem and (d := problem.distance(other)) is not None]
+    near = [(d, best.knobs) for best in store.best(gpu.family, fingerprint, direction)
+            if best.problem != problem and (d := problem.distance(best.problem)) is not None]
     return [families.knobs_from_json(direction, knobs) for _, knobs in sorted(near)[:count]]
 
 
 def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd") -> list[Knobs]:
-    """Winners of `problem` under earlier templates, still valid as knobs: after a template change
-    they are the best first guesses. They are timed again like any other point, never reused."""
+    """Winners of `problem` under earlier templates, still valid as knobs (Store.best skips the others): after a
+    template change they are the best first guesses. They are timed again like any other point, never reused."""
     current = set(codegen.current_fingerprints(direction).values())
-    guesses = []
-    for fingerprint in store.fingerprints(gpu.family, direction):
-        for other, knobs, _ in store.best(gpu.family, fingerprint, direction):
-            if fingerprint not in current and other == problem:
-                try:
-                    guesses.append(families.knobs_from_json(direction, knobs))
-                except ValueError:  # a knob that no longer exists, or a value no longer offered
-                    pass
-    return guesses
+    return [families.knobs_from_json(direction, best.knobs)
+            for fingerprint in store.fingerprints(gpu.family, direction) if fingerprint not in current
+            for best in store.best(gpu.family, fingerprint, direction) if best.problem == problem]
 
 
 def searched_space(family: KernelFamily, problem: Problem, gpu: Gpu, direction: str = "fwd"

@@ -54,7 +54,7 @@ def test_a_problem_with_no_valid_variant_is_recorded_and_the_run_goes_on(tmp_pat
     assert store.count_trials("no_valid_variant") == 1 and store.count_trials() == 4
     fingerprint = codegen.template_fingerprint("tl")
     assert len(store.finished("interpreter", TUNABLE, fingerprint)) == 3, "the problem after it is tuned"
-    assert [p for p, _, _ in store.best("interpreter", fingerprint)] == [TUNABLE]
+    assert [b.problem for b in store.best("interpreter", fingerprint)] == [TUNABLE]
 
     shown = CliRunner().invoke(main, ["show", "--db", url])
     assert shown.exit_code == 0, shown.output
