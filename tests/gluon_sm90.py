@@ -1,0 +1,94 @@
+"""Render the Gluon forward and compile it for sm_90 without a GPU (needs only triton and jinja2, so it runs
+under the GPU machine's triton too: `python tests/gluon_sm90.py` prints one line per variant)."""
+
+import importlib.util
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import jinja2
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import MockTensor, create_function_from_signature
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+SM90 = GPUTarget("cuda", 90, 32)
+
+
+def render(knobs: dict) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    return env.get_template("gluon/attn_fwd.py.jinja").render(
+        TEMPLATE="gluon/attn_fwd.py.jinja", KNOBS_JSON=str(knobs), FINGERPRINT="test", AUTOFLASH_VERSION="test",
+        TRITON_VERSION=triton.__version__, EXTRA_HEADER=(), **{name.upper(): value for name, value in knobs.items()})
+
+
+def load(knobs: dict, directory: str):
+    """The rendered module, written to `directory` (Triton reads a kernel's source from its file)."""
+    path = Path(directory) / ("gluon_fwd_" + re.sub(r"\W", "_", str(sorted(knobs.items()))) + ".py")
+    path.write_text(render(knobs))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _TorchDtype:
+    """What MockTensor needs of a torch dtype (torch is not needed to compile)."""
+
+    is_floating_point = True
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+    __repr__ = __str__
+
+
+def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False,
+                 return_lse: bool = True):
+    """The module's `attn_fwd` compiled for sm_90 (triton's CompiledKernel: metadata.shared, asm['ptx'], ...)."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    shape, strides = [2, 4, 1000, head_dim], [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1]
+
+    def descriptor(rows):
+        block = [1, 1, rows, block_d]
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+        return TensorDescriptor(MockTensor(_TorchDtype(dtype), shape), shape, strides, block, layout)
+    kernel = module.attn_fwd
+    backend = make_backend(SM90)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    args = (descriptor(knobs["block_m"]), descriptor(knobs["block_n"]), descriptor(knobs["block_n"]),
+            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]), 0.1, 4, 2, 1000, 1000)
+    options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
+    bound, specialization, other = binder(*args, **options)
+    packed, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, other)
+    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=SM90,
+                          options=packed.__dict__)
+
+
+def spills(compiled) -> int:
+    """Bytes ptxas spilled (its -v report), when the compiled kernel tells; 0 otherwise."""
+    return int(getattr(compiled, "n_spills", None) or compiled.metadata.__dict__.get("n_spills", 0) or 0)
+
+
+DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, consumers=2, pingpong=False, overlap=True,
+               consumer_regs=240, producer_regs=24)
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        for head_dim, change in ((128, {}), (64, {}), (80, dict(consumers=1, overlap=False)), (256, dict(block_n=64)),
+                                 (128, dict(pingpong=True))):
+            knobs = DEFAULT | change
+            compiled = compile_sm90(load(knobs, tmp), knobs, head_dim, causal=True)
+            ptx = compiled.asm["ptx"]
+            print(f"triton {triton.__version__} d{head_dim} {change}: shared {compiled.metadata.shared} B, "
+                  f"wgmma {ptx.count('wgmma.mma_async')}, setmaxnreg {ptx.count('setmaxnreg')}", flush=True)
+    sys.exit(0)
