@@ -25,6 +25,7 @@ from gluon_sm90 import DEFAULT, load  # noqa: E402
 import launch as gluon_launch  # noqa: E402  (templates/gluon/launch.py)
 
 _modules = {}
+D256 = dict(block_n=64, stage_o_in_q=True)  # shared memory: no room for a separate O tile
 
 
 def module_for(knobs, tmp):
@@ -59,13 +60,18 @@ def inputs(b, hq, hkv, sq, sk, d, dtype, layout="bhsd", seed=0):
 def check_cases():
     """(knob changes, b, hq, hkv, sq, sk, d, causal, dtype, layout)."""
     cases = []
-    for knobs in ({}, dict(pingpong=True), dict(overlap=False), dict(consumers=1, pingpong=False)):
+    for knobs in ({}, dict(pingpong=True), dict(overlap=False), dict(consumers=1), dict(persistent=False),
+                  dict(stage_o_in_q=True), dict(stage_o_in_q=True, num_buffers=3)):
         for sq, sk in ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097)):
             for causal in (False, True):
                 cases.append((knobs, 2, 4, 4, sq, sk, 128, causal, torch.float16, "bhsd"))
+        for causal in (False, True):  # several tiles per program on a persistent grid
+            cases.append((knobs, 4, 32, 8, 1000, 1000, 128, causal, torch.bfloat16, "bhsd"))
+    for causal in (False, True):
+        cases.append((dict(consumers=3, consumer_regs=160), 4, 32, 8, 1000, 999, 64, causal, torch.float16, "bhsd"))
     for d in (64, 96, 40, 80, 256, 16):
         for causal in (False, True):
-            change = dict(block_n=64) if d == 256 else {}
+            change = D256 if d == 256 else {}
             cases.append((change, 2, 8, 2, 1000, 1000, d, causal, torch.float16, "bhsd"))
             cases.append((change, 1, 4, 1, 123, 4097, d, causal, torch.bfloat16, "bhsd"))
     for causal in (False, True):
@@ -116,7 +122,9 @@ def bench(tmp, problems, variants, out_path, command):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             record("sdpa_flash", lambda: sdpa_attention(q, k, v, causal))
         for change in variants:
-            knobs = DEFAULT | change | (dict(block_n=64) if d == 256 else {})
+            if d not in change.get("head_dims", [d]):  # a variant for some head dims only
+                continue
+            knobs = DEFAULT | {k: v for k, v in change.items() if k != "head_dims"} | (D256 if d == 256 else {})
             out = torch.empty_like(q)
             forward = gluon_launch.forward_plan(module_for(knobs, tmp), knobs, q, k, v, out, None, d ** -0.5, causal,
                                                 compile=compile_launch)
@@ -133,7 +141,7 @@ def bench(tmp, problems, variants, out_path, command):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "d128_16k"])
+    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "d128_16k", "short"])
     parser.add_argument("--variants", default="[{}]")
     parser.add_argument("--out", default="gluon_bench.jsonl")
     args = parser.parse_args()
@@ -141,7 +149,8 @@ def main():
         failures = check(tmp, check_cases()) if args.check else 0
         if args.bench:
             problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
-                        "d128_16k": [(1, 16, 16384, 128, False, torch.float16)]}[args.bench]
+                        "d128_16k": [(1, 16, 16384, 128, False, torch.float16)],
+                        "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048]}[args.bench]
             bench(tmp, problems, json.loads(args.variants), args.out, " ".join(sys.argv))
     print(f"{failures} failures")
     sys.exit(1 if failures else 0)

@@ -66,7 +66,7 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
     backend = make_backend(SM90)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     args = (descriptor(knobs["block_m"]), descriptor(knobs["block_n"]), descriptor(knobs["block_n"]),
-            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]), 0.1, 4, 2, 1000, 1000)
+            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]), 0.1, 4, 2, 1000, 1000, 8, 64)
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
     bound, specialization, other = binder(*args, **options)
     packed, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, other)
@@ -80,11 +80,12 @@ def spills(compiled) -> int:
 
 
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, consumers=2, pingpong=False, overlap=True,
-               consumer_regs=240, producer_regs=24)
+               consumer_regs=240, producer_regs=24,
+               persistent=True, stage_o_in_q=False)
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
-        for head_dim, change in ((128, {}), (64, {}), (80, dict(consumers=1, overlap=False)), (256, dict(block_n=64)),
+        for head_dim, change in ((128, {}), (64, {}), (80, dict(consumers=1, overlap=False)), (256, dict(block_n=64, stage_o_in_q=True)),
                                  (128, dict(pingpong=True))):
             knobs = DEFAULT | change
             compiled = compile_sm90(load(knobs, tmp), knobs, head_dim, causal=True)

@@ -52,9 +52,14 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
     block_d = max(16, triton.next_power_of_2(head_dim))
     tile_m = knobs["block_m"] * knobs["consumers"]
     descriptors = _descriptor_maker(q, k, v, out, knobs["block_m"], knobs["block_n"], block_d)
-    grid = (triton.cdiv(seqlen_q, tile_m), batch * heads_q)
+    tiles_m = triton.cdiv(seqlen_q, tile_m)
+    tiles = tiles_m * batch * heads_q
+    if knobs["persistent"]:  # one program per SM walks the tiles
+        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count),)
+    else:
+        grid = (tiles,)
     args = (*descriptors(q, k, v, out), q if lse is None else lse, softmax_scale, heads_q, heads_q // heads_kv,
-            seqlen_q, seqlen_k)
+            seqlen_q, seqlen_k, tiles_m, tiles)
     options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), RETURN_LSE=lse is not None, num_warps=4)
     if compile is None:
         def launch(*tensors):
