@@ -19,7 +19,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "templates" / "gluon")]
+from autoflash.families.gluon.knobs import default_knobs  # noqa: E402
+from autoflash.gpu import current  # noqa: E402
 from autoflash.launch import compile_launch  # noqa: E402
+from autoflash.problem import Problem  # noqa: E402
 from autoflash.reference import TOLERANCE, attention_reference, relative_error, sdpa_attention  # noqa: E402
 from gluon_sm90 import DEFAULT, load  # noqa: E402
 import launch as gluon_launch  # noqa: E402  (templates/gluon/launch.py)
@@ -58,15 +61,19 @@ def inputs(b, hq, hkv, sq, sk, d, dtype, layout="bhsd", seed=0):
 
 
 def check_cases():
-    """(knob changes, b, hq, hkv, sq, sk, d, causal, dtype, layout)."""
+    """(knob changes, b, hq, hkv, sq, sk, d, causal, dtype, layout); a change "l2_bytes" shrinks the launcher's
+    L2 budget per run of heads (runs of 2 heads, the last one shorter)."""
     cases = []
+    lengths = ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097))
     for knobs in ({}, dict(pingpong=True), dict(overlap=False), dict(consumers=1), dict(persistent=False),
                   dict(stage_o_in_q=True), dict(stage_o_in_q=True, num_buffers=3)):
-        for sq, sk in ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097)):
+        for sq, sk in lengths if not knobs else lengths[2::2]:
             for causal in (False, True):
                 cases.append((knobs, 2, 4, 4, sq, sk, 128, causal, torch.float16, "bhsd"))
         for causal in (False, True):  # several tiles per program on a persistent grid
             cases.append((knobs, 4, 32, 8, 1000, 1000, 128, causal, torch.bfloat16, "bhsd"))
+    for knobs in (dict(l2_bytes=1 << 20), dict(l2_bytes=1 << 20, persistent=False)):
+        cases.append((knobs, 1, 5, 5, 1000, 1000, 128, True, torch.float16, "bhsd"))
     for causal in (False, True):
         cases.append((dict(consumers=3, consumer_regs=160), 4, 32, 8, 1000, 999, 64, causal, torch.float16, "bhsd"))
     for d in (64, 96, 40, 80, 256, 16):
@@ -83,7 +90,8 @@ def check_cases():
 def check(tmp, cases):
     failures = 0
     for change, b, hq, hkv, sq, sk, d, causal, dtype, layout in cases:
-        knobs = DEFAULT | change
+        knobs = DEFAULT | {name: value for name, value in change.items() if name != "l2_bytes"}
+        gluon_launch.L2_BYTES_PER_RUN = change.get("l2_bytes", 24 << 20)
         q, k, v = inputs(b, hq, hkv, sq, sk, d, dtype, layout)
         ref, ref_lse = attention_reference(q, k, v, causal=causal)
         out, lse = run(knobs, tmp, q, k, v, causal, layout=layout)
@@ -122,13 +130,19 @@ def bench(tmp, problems, variants, out_path, command):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             record("sdpa_flash", lambda: sdpa_attention(q, k, v, causal))
         for change in variants:
-            if d not in change.get("head_dims", [d]):  # a variant for some head dims only
+            if change != "default" and (d not in change.get("head_dims", [d]) or
+                                        change.get("causal", causal) != causal):  # for some problems only
                 continue
-            knobs = DEFAULT | {k: v for k, v in change.items() if k != "head_dims"} | (D256 if d == 256 else {})
+            if change == "default":  # the family's heuristic choice
+                knobs = default_knobs(Problem(b, h, h, s, s, d, causal, str(dtype)[6:]), current()).as_point()
+            else:
+                knobs = DEFAULT | {k: v for k, v in change.items() if k not in ("head_dims", "causal")}
+                knobs |= D256 if d == 256 else {}
             out = torch.empty_like(q)
             forward = gluon_launch.forward_plan(module_for(knobs, tmp), knobs, q, k, v, out, None, d ** -0.5, causal,
                                                 compile=compile_launch)
             ms = record("gluon " + json.dumps(change, sort_keys=True), lambda: forward(q, k, v, out, None))
+            rows[-1]["knobs"] = knobs
             rows[-1]["vs_sdpa"] = base / ms
             line[-1] += f" ({base / ms:.2f}x)"
         print(f"{label:28s} " + " | ".join(line), flush=True)

@@ -3,6 +3,7 @@ under the GPU machine's triton too: `python tests/gluon_sm90.py` prints one line
 
 import importlib.util
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -66,7 +67,7 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
     backend = make_backend(SM90)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     args = (descriptor(knobs["block_m"]), descriptor(knobs["block_n"]), descriptor(knobs["block_n"]),
-            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]), 0.1, 4, 2, 1000, 1000, 8, 64)
+            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]), 0.1, 4, 2, 1000, 1000, 8, 64, 3)
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
     bound, specialization, other = binder(*args, **options)
     packed, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, other)
@@ -74,9 +75,20 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
                           options=packed.__dict__)
 
 
-def spills(compiled) -> int:
-    """Bytes ptxas spilled (its -v report), when the compiled kernel tells; 0 otherwise."""
-    return int(getattr(compiled, "n_spills", None) or compiled.metadata.__dict__.get("n_spills", 0) or 0)
+def ptxas_report(compiled) -> dict:
+    """ptxas's -v report of the compiled kernel's PTX for sm_90a: {'registers': .., 'spill_stores': ..,
+    'spill_loads': ..} (triton keeps no spill count without a GPU)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        run = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    text = run.stdout + run.stderr
+    return dict(registers=int(re.search(r"Used (\d+) registers", text).group(1)),
+                spill_stores=int(re.search(r"(\d+) bytes spill stores", text).group(1)),
+                spill_loads=int(re.search(r"(\d+) bytes spill loads", text).group(1)))
 
 
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, consumers=2, pingpong=False, overlap=True,
@@ -86,10 +98,12 @@ DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, consumers=2, pingpong=Fal
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         for head_dim, change in ((128, {}), (64, {}), (80, dict(consumers=1, overlap=False)), (256, dict(block_n=64, stage_o_in_q=True)),
-                                 (128, dict(pingpong=True))):
+                                 (128, dict(pingpong=True)),
+                                 (64, dict(consumers=3, consumer_regs=160))):
             knobs = DEFAULT | change
             compiled = compile_sm90(load(knobs, tmp), knobs, head_dim, causal=True)
             ptx = compiled.asm["ptx"]
             print(f"triton {triton.__version__} d{head_dim} {change}: shared {compiled.metadata.shared} B, "
-                  f"wgmma {ptx.count('wgmma.mma_async')}, setmaxnreg {ptx.count('setmaxnreg')}", flush=True)
+                  f"wgmma {ptx.count('wgmma.mma_async')}, setmaxnreg {ptx.count('setmaxnreg')}, "
+                  f"{ptxas_report(compiled)}", flush=True)
     sys.exit(0)

@@ -7,6 +7,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+# Under causal masking, tiles run longest first over runs of heads whose K and V fit this much of L2 (the
+# H100's holds 50 MB); without it, each head's tiles together (they all do the same work).
+L2_BYTES_PER_RUN = 24 << 20
 
 
 def _check(q, k, v, out, lse):
@@ -58,8 +61,10 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
         grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count),)
     else:
         grid = (tiles,)
+    kv_bytes = 2 * seqlen_k * head_dim * q.element_size() * heads_kv // heads_q  # per query head
+    run_heads = min(batch * heads_q, max(1, L2_BYTES_PER_RUN // kv_bytes)) if causal else 1
     args = (*descriptors(q, k, v, out), q if lse is None else lse, softmax_scale, heads_q, heads_q // heads_kv,
-            seqlen_q, seqlen_k, tiles_m, tiles)
+            seqlen_q, seqlen_k, tiles_m, tiles, run_heads)
     options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), RETURN_LSE=lse is not None, num_warps=4)
     if compile is None:
         def launch(*tensors):
