@@ -2,6 +2,7 @@
 under the GPU machine's triton too: `python tests/gluon_sm90.py` prints one line per variant)."""
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -92,18 +93,30 @@ def ptxas_report(compiled) -> dict:
 
 
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, consumers=2, pingpong=False, overlap=True,
-               consumer_regs=240, producer_regs=24,
-               persistent=True, stage_o_in_q=False)
+               consumer_regs=240, producer_regs=24, persistent=True, stage_o_in_q=False)
+# (knob changes, head_dim, dtype, causal, return_lse)
+CASES = [({}, 128, "float16", False, True),
+         (dict(consumers=3, consumer_regs=160, block_n=64), 64, "bfloat16", True, True),
+         (dict(consumers=1, overlap=False, persistent=False), 80, "float16", True, False),
+         (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", False, True),
+         (dict(pingpong=True, stage_o_in_q=True, num_buffers=3), 128, "float16", True, False)]
+
+
+def report(cases) -> list[dict]:
+    """Compile each case; what its compiled kernel says: shared memory, ptxas's registers and spills, wgmma
+    and setmaxnreg instructions in the PTX."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for change, head_dim, dtype, causal, return_lse in cases:
+            knobs = DEFAULT | change
+            compiled = compile_sm90(load(knobs, tmp), knobs, head_dim, dtype, causal, return_lse)
+            ptx = compiled.asm["ptx"]
+            rows.append(dict(shared=compiled.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
+                             setmaxnreg=ptx.count("setmaxnreg"), **ptxas_report(compiled)))
+    return rows
+
 
 if __name__ == "__main__":
-    with tempfile.TemporaryDirectory() as tmp:
-        for head_dim, change in ((128, {}), (64, {}), (80, dict(consumers=1, overlap=False)), (256, dict(block_n=64, stage_o_in_q=True)),
-                                 (128, dict(pingpong=True)),
-                                 (64, dict(consumers=3, consumer_regs=160))):
-            knobs = DEFAULT | change
-            compiled = compile_sm90(load(knobs, tmp), knobs, head_dim, causal=True)
-            ptx = compiled.asm["ptx"]
-            print(f"triton {triton.__version__} d{head_dim} {change}: shared {compiled.metadata.shared} B, "
-                  f"wgmma {ptx.count('wgmma.mma_async')}, setmaxnreg {ptx.count('setmaxnreg')}, "
-                  f"{ptxas_report(compiled)}", flush=True)
-    sys.exit(0)
+    # Without arguments the cases above; else a JSON list of cases. One JSON line per case.
+    for row in report(json.loads(sys.argv[1]) if len(sys.argv) > 1 else CASES):
+        print(json.dumps(dict(row, triton=triton.__version__)), flush=True)
