@@ -1,7 +1,6 @@
 """Check and time the Gluon forward on the GPU beside torch's SDPA, without autoflash's dispatcher.
 
-Run from a folder holding templates/gluon/, tests/gluon_sm90.py and autoflash/{reference,launch}.py (the
-worktree, or a copy of these files):
+Run from the checkout:
     python benchmarks/gluon_fwd.py --check            # correctness sweep against fp64
     python benchmarks/gluon_fwd.py --bench fa_grid --variants '[{}, {"pingpong": true}]' --out rows.jsonl
 """
@@ -18,14 +17,16 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "templates" / "gluon")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from autoflash.families.gluon.knobs import default_knobs  # noqa: E402
 from autoflash.gpu import current  # noqa: E402
 from autoflash.launch import compile_launch  # noqa: E402
 from autoflash.problem import Problem  # noqa: E402
 from autoflash.reference import TOLERANCE, attention_reference, relative_error, sdpa_attention  # noqa: E402
+from autoflash.resources import launcher  # noqa: E402
 from gluon_sm90 import DEFAULT, load  # noqa: E402
-import launch as gluon_launch  # noqa: E402  (templates/gluon/launch.py)
+
+gluon_launch = launcher("gluon")
 
 _modules = {}
 D256 = dict(block_n=64, stage_o_in_q=True)  # shared memory: no room for a separate O tile
