@@ -21,6 +21,8 @@ def _check(q, k, v, out, lse):
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):
             raise ValueError(f"TMA needs 16-byte aligned {name} with unit last stride and 16-byte strides; got "
                              f"strides {t.stride()}: pass contiguous tensors")
+    if min(q.shape[2], k.shape[2]) == 0:
+        raise ValueError(f"TMA descriptors need non-empty sequences; got seqlen_q {q.shape[2]}, seqlen_k {k.shape[2]}")
     if lse is not None and (lse.dtype != torch.float32 or not lse.is_contiguous()):
         raise ValueError("lse must be a contiguous fp32 (batch, heads_q, seqlen_q) tensor")
 
