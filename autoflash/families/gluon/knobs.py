@@ -93,14 +93,16 @@ def gluon_available() -> bool:
 
 
 def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnobs | None:
-    """The measured best of the H100 FA grid (benchmarks/NOTES_gluon.md): 2 consumers of 64 rows, 128-key
-    blocks, overlap; 3 consumers (FA3's 192-row tile) for d64 from 2k queries; a persistent grid without causal
-    masking, one program per tile with it (the hardware balances the unequal tiles); head dims past 128 take
-    64-key blocks and stage O in Q. None where the family cannot run the problem."""
+    """The measured best of the H100 FA grid (benchmarks/NOTES_gluon.md, G3-G4): 2 consumers of 64 rows,
+    128-key blocks, overlap; 3 consumers (FA3's 192-row tile) for d64 from 2k queries; a persistent grid, but
+    one program per tile for causal masking from 2k queries (8k with 3 consumers), where the hardware balances
+    the unequal tiles better; head dims past 128 take 64-key blocks and stage O in Q. None where the family
+    cannot run the problem."""
     if direction != "fwd":
         return None
     d = head_dim_pad(problem.head_dim)
     three = d <= 64 and problem.seqlen_q >= 2048
+    persistent = not problem.causal or problem.seqlen_q < (8192 if three else 2048)
     knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
-                     consumer_regs=160 if three else 240, persistent=not problem.causal, stage_o_in_q=d > 128)
+                     consumer_regs=160 if three else 240, persistent=persistent, stage_o_in_q=d > 128)
     return None if violations(knobs, problem, gpu) else knobs
