@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from autoflash.families.gluon.knobs import default_knobs  # noqa: E402
+from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, violations  # noqa: E402
 from autoflash.gpu import current  # noqa: E402
 from autoflash.launch import compile_launch  # noqa: E402
 from autoflash.problem import Problem  # noqa: E402
@@ -67,7 +67,8 @@ def check_cases():
     cases = []
     lengths = ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097))
     for knobs in ({}, dict(pingpong=True), dict(overlap=False), dict(consumers=1), dict(persistent=False),
-                  dict(stage_o_in_q=True), dict(stage_o_in_q=True, num_buffers=3)):
+                  dict(stage_o_in_q=True), dict(stage_o_in_q=True, num_buffers=3), dict(q_buffers=2),
+                  dict(q_buffers=2, stage_o_in_q=True)):
         for sq, sk in lengths if not knobs else lengths[2::2]:
             for causal in (False, True):
                 cases.append((knobs, 2, 4, 4, sq, sk, 128, causal, torch.float16, "bhsd"))
@@ -88,14 +89,14 @@ def check_cases():
     return cases
 
 
-def check(tmp, cases):
+def check(tmp, cases, compile=compile_launch):
     failures = 0
     for change, b, hq, hkv, sq, sk, d, causal, dtype, layout in cases:
         knobs = DEFAULT | {name: value for name, value in change.items() if name != "l2_bytes"}
         gluon_launch.L2_BYTES_PER_RUN = change.get("l2_bytes", 24 << 20)
         q, k, v = inputs(b, hq, hkv, sq, sk, d, dtype, layout)
         ref, ref_lse = attention_reference(q, k, v, causal=causal)
-        out, lse = run(knobs, tmp, q, k, v, causal, layout=layout)
+        out, lse = run(knobs, tmp, q, k, v, causal, layout=layout, compile=compile)
         torch.cuda.synchronize()
         err = relative_error(out, ref)
         both_inf = torch.isinf(ref_lse) & (lse == ref_lse)
@@ -134,8 +135,11 @@ def bench(tmp, problems, variants, out_path, command):
             if change != "default" and (d not in change.get("head_dims", [d]) or
                                         change.get("causal", causal) != causal):  # for some problems only
                 continue
-            if change == "default":  # the family's heuristic choice
+            if change == "default" or change.get("default"):  # the family's heuristic choice (and changes)
                 knobs = default_knobs(Problem(b, h, h, s, s, d, causal, str(dtype)[6:]), current()).as_point()
+                knobs |= {k: v for k, v in change.items() if k != "default"} if change != "default" else {}
+                if violations(FwdKnobs(**knobs), Problem(b, h, h, s, s, d, causal, str(dtype)[6:]), current()):
+                    continue
             else:
                 knobs = DEFAULT | {k: v for k, v in change.items() if k not in ("head_dims", "causal")}
                 knobs |= D256 if d == 256 else {}
@@ -156,17 +160,21 @@ def bench(tmp, problems, variants, out_path, command):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--plain-launch", action="store_true",
+                        help="check through Triton's per-call launch (the launcher's compile=None) instead")
+    parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
+    parser.add_argument("--repeat", type=int, default=1, help="time the problems this many times over")
     parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "d128_16k", "short"])
     parser.add_argument("--variants", default="[{}]")
     parser.add_argument("--out", default="gluon_bench.jsonl")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        failures = check(tmp, check_cases()) if args.check else 0
+        failures = check(tmp, check_cases()[::args.every], None if args.plain_launch else compile_launch) if args.check else 0
         if args.bench:
             problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
-                        "d128_16k": [(1, 16, 16384, 128, False, torch.float16)],
+                        "d128_16k": [(1, 16, 16384, 128, False, dtype) for dtype in (torch.float16, torch.bfloat16)],
                         "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048]}[args.bench]
-            bench(tmp, problems, json.loads(args.variants), args.out, " ".join(sys.argv))
+            bench(tmp, problems * args.repeat, json.loads(args.variants), args.out, " ".join(sys.argv))
     print(f"{failures} failures")
     sys.exit(1 if failures else 0)
 

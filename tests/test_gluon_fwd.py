@@ -21,6 +21,8 @@ VARIANTS = {
     "one consumer": dict(consumers=1),
     "tile per program": dict(persistent=False),
     "o in q": dict(stage_o_in_q=True, num_buffers=3),
+    "two q tiles": dict(q_buffers=2),
+    "two q tiles, o in q": dict(q_buffers=2, stage_o_in_q=True),
     "three consumers": dict(consumers=3, consumer_regs=160, block_n=64),
 }
 LENGTHS = [(1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097)]

@@ -22,6 +22,8 @@ class FwdKnobs(Knobs):
     block_m: int = knob(64, (64,), "query rows of one consumer warpgroup (one wgmma row block)")
     block_n: int = knob(128, (64, 128), "key rows of one K/V block")
     num_buffers: int = knob(2, (2, 3), "slots of the K/V ring in shared memory")
+    q_buffers: int = knob(1, (1, 2), "Q tiles of each consumer: with 2 the next tile's Q loads under this whole "
+                                      "tile (a persistent grid's), with 1 once this one's last Q K^T is done")
     consumers: int = knob(2, (1, 2, 3), "consumer warpgroups; a program's tile has consumers x block_m query rows")
     overlap: bool = knob(True, (True, False),
                          "each block's Q K^T and softmax under the last block's P V (intra-warpgroup overlap); "
@@ -43,7 +45,7 @@ def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
     """Q (and O) tiles of each consumer and the K/V ring. Measured on sm_90 compiles: d128, 2 consumers, 2 slots
     of 128 keys: 197000 B (this gives 197632); with O in Q 164152 (164864); d256, 64 keys, O in Q: 196968."""
     d, size = head_dim_pad(problem.head_dim), problem.element_size
-    q_tiles = knobs.consumers * knobs.block_m * d * (1 if knobs.stage_o_in_q else 2)
+    q_tiles = knobs.consumers * knobs.block_m * d * (knobs.q_buffers + (0 if knobs.stage_o_in_q else 1))
     return size * (q_tiles + knobs.num_buffers * 2 * knobs.block_n * d) + MBARRIER_BYTES
 
 
