@@ -169,7 +169,8 @@ def main():
     parser.add_argument("--out", default="gluon_bench.jsonl")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        failures = check(tmp, check_cases()[::args.every], None if args.plain_launch else compile_launch) if args.check else 0
+        compile = None if args.plain_launch else compile_launch
+        failures = check(tmp, check_cases()[::args.every], compile) if args.check else 0
         if args.bench:
             problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
                         "d128_16k": [(1, 16, 16384, 128, False, dtype) for dtype in (torch.float16, torch.bfloat16)],

@@ -68,7 +68,8 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
     backend = make_backend(SM90)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     args = (descriptor(knobs["block_m"]), descriptor(knobs["block_n"]), descriptor(knobs["block_n"]),
-            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]), 0.1, 4, 2, 1000, 1000, 8, 64, 3)
+            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]),
+            0.1, 4, 2, 1000, 1000, 8, 64, 3)  # scale, heads_q, group, seqlens, tiles_m, tiles, run_heads
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
     bound, specialization, other = binder(*args, **options)
     packed, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, other)
