@@ -1,6 +1,7 @@
 """Render the Gluon forward and compile it for sm_90 without a GPU (needs only triton and jinja2, so it runs
 under the GPU machine's triton too: `python tests/gluon_sm90.py` prints one line per variant)."""
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -32,7 +33,8 @@ def render(knobs: dict) -> str:
 
 def load(knobs: dict, directory: str):
     """The rendered module, written to `directory` (Triton reads a kernel's source from its file)."""
-    path = Path(directory) / ("gluon_fwd_" + re.sub(r"\W", "_", str(sorted(knobs.items()))) + ".py")
+    key = hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(directory) / f"gluon_fwd_{key}.py"
     path.write_text(render(knobs))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
