@@ -1,7 +1,7 @@
 """The knobs of the `gluon` family (templates/gluon: the forward in FlashAttention-3's shape, written in Triton's
 Gluon dialect for Hopper), what they cannot run, and the heuristic default."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from autoflash.gpu import Gpu
@@ -95,16 +95,19 @@ def gluon_available() -> bool:
 
 
 def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnobs | None:
-    """The measured best of the H100 FA grid (benchmarks/NOTES_gluon.md, G3-G4): 2 consumers of 64 rows,
-    128-key blocks, overlap; 3 consumers (FA3's 192-row tile) for d64 from 2k queries; a persistent grid, but
-    one program per tile for causal masking from 2k queries (8k with 3 consumers), where the hardware balances
-    the unequal tiles better; head dims past 128 take 64-key blocks and stage O in Q. None where the family
-    cannot run the problem."""
+    """The measured best of the H100 FA grid (benchmarks/NOTES_gluon.md, G3-G5): 2 consumers of 64 rows,
+    128-key blocks, overlap, two Q tiles where they fit; a persistent grid, but one program per tile for
+    causal masking from 2k queries at d128 (8k at d64), where the hardware balances the unequal tiles better;
+    3 consumers (FA3's 192-row tile) for d64 from 2k queries without causal masking, from 8k with it; head
+    dims past 128 take 64-key blocks and stage O in Q. None where the family cannot run the problem."""
     if direction != "fwd":
         return None
     d = head_dim_pad(problem.head_dim)
-    three = d <= 64 and problem.seqlen_q >= 2048
-    persistent = not problem.causal or problem.seqlen_q < (8192 if three else 2048)
+    long_from = 8192 if d <= 64 and problem.causal else 2048
+    three = d <= 64 and problem.seqlen_q >= long_from
+    persistent = not problem.causal or problem.seqlen_q < long_from
     knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
-                     consumer_regs=160 if three else 240, persistent=persistent, stage_o_in_q=d > 128)
+                     consumer_regs=160 if three else 240, persistent=persistent, stage_o_in_q=d > 128, q_buffers=2)
+    if violations(knobs, problem, gpu):
+        knobs = replace(knobs, q_buffers=1)
     return None if violations(knobs, problem, gpu) else knobs
