@@ -1,0 +1,113 @@
+"""The knobs of the `gluon` family (templates/gluon: the forward in FlashAttention-3's shape, written in Triton's
+Gluon dialect for Hopper), what they cannot run, and the heuristic default."""
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from autoflash.gpu import Gpu
+from autoflash.knobs import Knobs, family_knob, head_dim_pad, knob
+from autoflash.problem import Problem
+
+FAMILY_DOC = ("FlashAttention-3's shape in Gluon (templates/gluon), Hopper only: a TMA producer warp and "
+              "consumer warpgroups with registers split between them, asynchronous wgmma")
+MAX_REGISTERS = 65536  # per SM, and one program holds an SM
+MBARRIER_BYTES = 1024  # the barriers and the compiler's scratch, rounded up (measured: 368-472 B)
+
+
+@dataclass(frozen=True)
+class FwdKnobs(Knobs):
+    DIRECTION: ClassVar[str] = "fwd"
+
+    family: str = family_knob("gluon", FAMILY_DOC)
+    block_m: int = knob(64, (64,), "query rows of one consumer warpgroup (one wgmma row block)")
+    block_n: int = knob(128, (64, 128), "key rows of one K/V block")
+    num_buffers: int = knob(2, (2, 3), "slots of the K/V ring in shared memory")
+    q_buffers: int = knob(1, (1, 2), "Q tiles of each consumer: with 2 the next tile's Q loads under this whole "
+                                      "tile (a persistent grid's), with 1 once this one's last Q K^T is done")
+    consumers: int = knob(2, (1, 2, 3), "consumer warpgroups; a program's tile has consumers x block_m query rows")
+    overlap: bool = knob(True, (True, False),
+                         "each block's Q K^T and softmax under the last block's P V (intra-warpgroup overlap); "
+                         "False: Q K^T, softmax, P V one after the other")
+    pingpong: bool = knob(False, (False, True),
+                          "two consumers take turns issuing their wgmmas (mbarriers), so one's softmax runs under "
+                          "the other's matrix work")
+    persistent: bool = knob(True, (True, False),
+                            "one program per SM walks the tiles (the next tile's loads under this one's "
+                            "epilogue); False: one program per tile")
+    stage_o_in_q: bool = knob(False, (False, True),
+                              "O leaves through the consumer's Q tile (saves its shared memory; the next Q waits "
+                              "for the store) instead of a tile of its own")
+    consumer_regs: int = knob(240, (240, 232, 160), "registers per thread of each consumer warpgroup but the first")
+    producer_regs: int = knob(24, (24, 32, 40), "registers per thread of the producer warp('s warpgroup)")
+
+
+def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
+    """Q (and O) tiles of each consumer and the K/V ring. Measured on sm_90 compiles: d128, 2 consumers, 2 slots
+    of 128 keys: 197000 B (this gives 197632); with O in Q 164152 (164864); d256, 64 keys, O in Q: 196968."""
+    d, size = head_dim_pad(problem.head_dim), problem.element_size
+    q_tiles = knobs.consumers * knobs.block_m * d * (knobs.q_buffers + (0 if knobs.stage_o_in_q else 1))
+    return size * (q_tiles + knobs.num_buffers * 2 * knobs.block_n * d) + MBARRIER_BYTES
+
+
+def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
+    """Registers a consumer thread needs: the fp32 O and S tiles, P in half precision (with overlap, the next
+    block's S beside the last block's P) and ~32 for addresses, row statistics and loop state."""
+    threads = 128
+    o, s = knobs.block_m * head_dim_pad(problem.head_dim) // threads, knobs.block_m * knobs.block_n // threads
+    return o + s + s // 2 + 32
+
+
+def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
+    """Why `knobs` cannot run `problem` on `gpu`; empty when it can (the `tl` family covers what this refuses)."""
+    why = []
+    if gpu.capability != (9, 0):
+        why.append(f"the Gluon forward needs sm_90 (Hopper: wgmma, setmaxnreg); {gpu.name} is {gpu.capability}")
+    if not gluon_available():
+        why.append("this triton has no Gluon for Hopper (triton.experimental.gluon, 3.6 or newer)")
+    if problem.dtype not in ("float16", "bfloat16"):
+        why.append(f"the Gluon forward takes fp16 or bf16, not {problem.dtype}")
+    if not 16 <= problem.head_dim <= 256:
+        why.append(f"head_dim {problem.head_dim} is outside 16..256")
+    if problem.head_dim * problem.element_size % 16:
+        why.append(f"TMA needs 16-byte rows; head_dim {problem.head_dim} x {problem.element_size} bytes is not")
+    if knobs.pingpong and knobs.consumers != 2:
+        why.append("ping-pong alternates two consumers")
+    smem = shared_memory_bytes(knobs, problem)
+    if smem > gpu.shared_memory_per_block:
+        why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
+    need = consumer_registers(knobs, problem)
+    budget = 240 if knobs.consumers == 1 else knobs.consumer_regs
+    if need > budget:
+        why.append(f"a consumer needs ~{need} registers a thread, it gets {budget}")
+    # The first consumer (the default partition) gets at least what the others get.
+    if (knobs.consumers * knobs.consumer_regs + knobs.producer_regs) * 128 > MAX_REGISTERS:
+        why.append(f"{knobs.consumers} consumers x {knobs.consumer_regs} + producer {knobs.producer_regs} registers "
+                   f"x 128 threads exceed the SM's {MAX_REGISTERS}")
+    return why
+
+
+def gluon_available() -> bool:
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnobs | None:
+    """The measured best of the H100 FA grid (benchmarks/NOTES_gluon.md, G3-G5): 2 consumers of 64 rows,
+    128-key blocks, overlap, two Q tiles where they fit; a persistent grid, but one program per tile for
+    causal masking from 2k queries at d128 (8k at d64), where the hardware balances the unequal tiles better;
+    3 consumers (FA3's 192-row tile) for d64 from 2k queries without causal masking, from 8k with it; head
+    dims past 128 take 64-key blocks and stage O in Q. None where the family cannot run the problem."""
+    if direction != "fwd":
+        return None
+    d = head_dim_pad(problem.head_dim)
+    long_from = 8192 if d <= 64 and problem.causal else 2048
+    three = d <= 64 and problem.seqlen_q >= long_from
+    persistent = not problem.causal or problem.seqlen_q < long_from
+    knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
+                     consumer_regs=160 if three else 240, persistent=persistent, stage_o_in_q=d > 128, q_buffers=2)
+    if violations(knobs, problem, gpu):
+        knobs = replace(knobs, q_buffers=1)
+    return None if violations(knobs, problem, gpu) else knobs

@@ -1,0 +1,79 @@
+"""Launcher of the Gluon forward (templates/gluon/attn_fwd.py.jinja): host tensor descriptors, grid, one
+compiled launch per call signature. Needs only torch and triton."""
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+# Under causal masking, tiles run longest first over runs of heads whose K and V fit this much of L2 (the
+# H100's holds 50 MB); without it, each head's tiles together (they all do the same work).
+L2_BYTES_PER_RUN = 24 << 20
+
+
+def _check(q, k, v, out, lse):
+    """ValueError (the caller falls back to another family) for what the kernel cannot read or write."""
+    if q.dtype not in GL_DTYPES or not q.dtype == k.dtype == v.dtype == out.dtype:
+        raise ValueError(f"the Gluon forward takes fp16 or bf16 q, k, v, out of one dtype; got {q.dtype}, "
+                         f"{k.dtype}, {v.dtype}, {out.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):
+            raise ValueError(f"TMA needs 16-byte aligned {name} with unit last stride and 16-byte strides; got "
+                             f"strides {t.stride()}: pass contiguous tensors")
+    if min(q.shape[2], k.shape[2]) == 0:
+        raise ValueError(f"TMA descriptors need non-empty sequences; got seqlen_q {q.shape[2]}, seqlen_k {k.shape[2]}")
+    if lse is not None and (lse.dtype != torch.float32 or not lse.is_contiguous()):
+        raise ValueError("lse must be a contiguous fp32 (batch, heads_q, seqlen_q) tensor")
+
+
+def _descriptor_maker(q, k, v, out, block_m, block_n, block_d):
+    """`make(q, k, v, out)`: TMA descriptors over (batch, heads, seqlen, head_dim) with each tensor's strides
+    (any layout whose rows are 16-byte aligned), blocks of (1, 1, rows, block_d) for tensors shaped and
+    strided like these; rows past seqlen and columns past head_dim read as 0 and are never written."""
+    layout_of = {}
+    specs = []
+    for t, rows in ((q, block_m), (k, block_n), (v, block_n), (out, block_m)):
+        block = [1, 1, rows, block_d]
+        key = (rows, t.dtype)
+        if key not in layout_of:
+            layout_of[key] = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
+        specs.append((list(t.shape), list(t.stride()), block, layout_of[key]))
+
+    def make(*tensors):
+        return tuple(TensorDescriptor(t, shape, strides, block, layout)
+                     for t, (shape, strides, block, layout) in zip(tensors, specs))
+    return make
+
+
+def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile=None):
+    """`forward(q, k, v, out, lse)` for every call shaped like this one (shapes, strides, dtypes, 16-byte
+    alignment, lse given or None). `kernels`: the rendered module; `knobs`: the dict it was rendered from;
+    `compile(kernel, grid, args, options, tensor_count)`: autoflash's compile_launch, or None for Triton's
+    per-call launch. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k, head_dim)."""
+    _check(q, k, v, out, lse)
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    tile_m = knobs["block_m"] * knobs["consumers"]
+    descriptors = _descriptor_maker(q, k, v, out, knobs["block_m"], knobs["block_n"], block_d)
+    tiles_m = triton.cdiv(seqlen_q, tile_m)
+    tiles = tiles_m * batch * heads_q
+    if knobs["persistent"]:  # one program per SM walks the tiles
+        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count),)
+    else:
+        grid = (tiles,)
+    kv_bytes = 2 * seqlen_k * head_dim * q.element_size() * heads_kv // heads_q  # per query head
+    run_heads = min(batch * heads_q, max(1, L2_BYTES_PER_RUN // kv_bytes)) if causal else 1
+    args = (*descriptors(q, k, v, out), q if lse is None else lse, softmax_scale, heads_q, heads_q // heads_kv,
+            seqlen_q, seqlen_k, tiles_m, tiles, run_heads)
+    options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), RETURN_LSE=lse is not None, num_warps=4)
+    if compile is None:
+        def launch(*tensors):
+            kernels.attn_fwd[grid](*tensors, *args[5:], **options)
+    else:
+        launch = compile(kernels.attn_fwd, grid, args, options, 5)
+
+    def forward(q, k, v, out, lse):
+        launch(*descriptors(q, k, v, out), q if lse is None else lse)
+    return forward

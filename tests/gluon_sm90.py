@@ -1,0 +1,126 @@
+"""Render the Gluon forward and compile it for sm_90 without a GPU (needs only triton and jinja2, so it runs
+under the GPU machine's triton too: `python tests/gluon_sm90.py` prints one line per variant)."""
+
+import hashlib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jinja2
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import MockTensor, create_function_from_signature
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+SM90 = GPUTarget("cuda", 90, 32)
+
+
+def render(knobs: dict) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    return env.get_template("gluon/attn_fwd.py.jinja").render(
+        TEMPLATE="gluon/attn_fwd.py.jinja", KNOBS_JSON=str(knobs), FINGERPRINT="test", AUTOFLASH_VERSION="test",
+        TRITON_VERSION=triton.__version__, EXTRA_HEADER=(), **{name.upper(): value for name, value in knobs.items()})
+
+
+def load(knobs: dict, directory: str):
+    """The rendered module, written to `directory` (Triton reads a kernel's source from its file)."""
+    key = hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(directory) / f"gluon_fwd_{key}.py"
+    path.write_text(render(knobs))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _TorchDtype:
+    """What MockTensor needs of a torch dtype (torch is not needed to compile)."""
+
+    is_floating_point = True
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+    __repr__ = __str__
+
+
+def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False,
+                 return_lse: bool = True):
+    """The module's `attn_fwd` compiled for sm_90 (triton's CompiledKernel: metadata.shared, asm['ptx'], ...)."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    shape, strides = [2, 4, 1000, head_dim], [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1]
+
+    def descriptor(rows):
+        block = [1, 1, rows, block_d]
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+        return TensorDescriptor(MockTensor(_TorchDtype(dtype), shape), shape, strides, block, layout)
+    kernel = module.attn_fwd
+    backend = make_backend(SM90)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    args = (descriptor(knobs["block_m"]), descriptor(knobs["block_n"]), descriptor(knobs["block_n"]),
+            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]),
+            0.1, 4, 2, 1000, 1000, 8, 64, 3)  # scale, heads_q, group, seqlens, tiles_m, tiles, run_heads
+    options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
+    bound, specialization, other = binder(*args, **options)
+    packed, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, other)
+    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=SM90,
+                          options=packed.__dict__)
+
+
+def ptxas_report(compiled) -> dict:
+    """ptxas's -v report of the compiled kernel's PTX for sm_90a: {'registers': .., 'spill_stores': ..,
+    'spill_loads': ..} (triton keeps no spill count without a GPU)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        run = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    text = run.stdout + run.stderr
+    return dict(registers=int(re.search(r"Used (\d+) registers", text).group(1)),
+                spill_stores=int(re.search(r"(\d+) bytes spill stores", text).group(1)),
+                spill_loads=int(re.search(r"(\d+) bytes spill loads", text).group(1)))
+
+
+DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2, pingpong=False, overlap=True,
+               consumer_regs=240, producer_regs=24, persistent=True, stage_o_in_q=False)
+# (knob changes, head_dim, dtype, causal, return_lse)
+CASES = [({}, 128, "float16", False, True),
+         (dict(q_buffers=2), 128, "float16", True, True),
+         (dict(consumers=3, consumer_regs=160, block_n=64, q_buffers=2), 64, "bfloat16", True, True),
+         (dict(consumers=1, overlap=False, persistent=False, q_buffers=2), 80, "float16", True, False),
+         (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", False, True),
+         (dict(pingpong=True, stage_o_in_q=True, num_buffers=3), 128, "float16", True, False)]
+
+
+def report(cases) -> list[dict]:
+    """Compile each case; what its compiled kernel says: shared memory, ptxas's registers and spills, wgmma
+    and setmaxnreg instructions in the PTX."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for change, head_dim, dtype, causal, return_lse in cases:
+            knobs = DEFAULT | change
+            compiled = compile_sm90(load(knobs, tmp), knobs, head_dim, dtype, causal, return_lse)
+            ptx = compiled.asm["ptx"]
+            rows.append(dict(shared=compiled.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
+                             setmaxnreg=ptx.count("setmaxnreg"), **ptxas_report(compiled)))
+    return rows
+
+
+if __name__ == "__main__":
+    # Without arguments the cases above; else a JSON list of cases. One JSON line per case.
+    for row in report(json.loads(sys.argv[1]) if len(sys.argv) > 1 else CASES):
+        print(json.dumps(dict(row, triton=triton.__version__)), flush=True)

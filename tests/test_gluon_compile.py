@@ -1,0 +1,88 @@
+"""The Gluon family without a GPU: its forward compiles for sm_90 (shared memory within the H100's, no register
+spills), its knobs refuse what it cannot run, its launcher refuses tensors TMA cannot read."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, shared_memory_bytes, violations
+from autoflash.gpu import KNOWN
+from autoflash.problem import Problem
+from autoflash.resources import launcher
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gluon_sm90  # noqa: E402
+
+H100 = KNOWN["h100"]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """gluon_sm90's report of its CASES, compiled in a process of its own: under TRITON_INTERPRET=1 (set by
+    conftest without a GPU) Triton's library functions are interpreted ones, which no compile can call."""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, gluon_sm90.__file__], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("index", range(len(gluon_sm90.CASES)))
+def test_compiles_for_sm90(compiled, index):
+    change, head_dim, dtype, causal, _ = gluon_sm90.CASES[index]
+    knobs = FwdKnobs(**gluon_sm90.DEFAULT | change)
+    problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype)
+    row = compiled[index]
+    assert violations(knobs, problem, H100) == []
+    assert row["shared"] <= shared_memory_bytes(knobs, problem) <= H100.shared_memory_per_block
+    assert row["spill_stores"] == row["spill_loads"] == 0, row
+    assert row["setmaxnreg"] > 0 and row["wgmma"] > 0, row  # registers moved between partitions; async wgmma
+
+
+def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
+    return Problem(2, 16, 4, seqlen, seqlen, head_dim, causal, dtype)
+
+
+@pytest.mark.parametrize("knobs, problem, gpu, reason", [
+    (FwdKnobs(), _problem(), KNOWN["a100"], "needs sm_90"),
+    (FwdKnobs(), _problem(dtype="float32"), H100, "fp16 or bf16"),
+    (FwdKnobs(), _problem(head_dim=36), H100, "16-byte rows"),
+    (FwdKnobs(), _problem(head_dim=512), H100, "outside 16..256"),
+    (FwdKnobs(consumers=3, pingpong=True, consumer_regs=160), _problem(64), H100, "ping-pong alternates two"),
+    (FwdKnobs(num_buffers=3), _problem(), H100, "shared memory"),
+    (FwdKnobs(consumers=3, consumer_regs=160), _problem(), H100, "registers a thread"),
+    (FwdKnobs(consumers=3), _problem(64), H100, "exceed the SM's"),
+])
+def test_violations(knobs, problem, gpu, reason):
+    assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
+
+
+@pytest.mark.parametrize("head_dim", [16, 40, 64, 80, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_default_is_valid(head_dim, causal, dtype):
+    for seqlen in (1, 1000, 4096, 16384):
+        problem = _problem(head_dim, dtype, causal, seqlen)
+        knobs = default_knobs(problem, H100)
+        assert knobs is not None and violations(knobs, problem, H100) == []
+        # Causal tiles of unequal work: the hardware's dispatch balances long sequences better than a persistent grid.
+        assert knobs.persistent == (not causal or seqlen < (8192 if head_dim <= 64 else 2048))
+        assert knobs.q_buffers == (1 if head_dim > 128 else 2)  # two Q tiles where shared memory holds them
+    assert default_knobs(_problem(head_dim, dtype, causal), KNOWN["a100"]) is None
+
+
+def test_launcher_refuses_what_tma_cannot_read():
+    gluon = launcher("gluon")
+    q = torch.empty(1, 2, 10, 68, dtype=torch.float16)[..., :64]  # rows of 136 bytes: not a multiple of 16
+    k = torch.empty(1, 2, 10, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="16-byte"):
+        gluon.forward_plan(None, dict(gluon_sm90.DEFAULT), q, k, k, k, None, 0.125, False)
+    with pytest.raises(ValueError, match="fp16 or bf16"):
+        gluon.forward_plan(None, dict(gluon_sm90.DEFAULT), k.float(), k.float(), k.float(), k.float(), None,
+                           0.125, False)
+    bshd = torch.empty(1, 10, 2, 64, dtype=torch.float16).transpose(1, 2)  # (B,S,H,D) memory: TMA reads it
+    gluon._check(bshd, bshd, bshd, bshd, None)

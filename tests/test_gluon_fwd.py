@@ -1,0 +1,82 @@
+"""The Gluon forward on the GPU against the fp64 reference: every kind of variant, ragged and unequal
+sequence lengths, causal and full, GQA and MQA, head dims 40..256, fp16 and bf16, (B,S,H,D) views; outputs and
+lse poisoned before each call. Launched through the family's launcher (codegen renders it; no dispatcher)."""
+
+import pytest
+import torch
+
+from autoflash import codegen
+from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, violations
+from autoflash.gpu import current
+from autoflash.problem import Problem
+
+from helpers import assert_matches_reference, make_qkv, poisoned_outputs
+
+pytestmark = pytest.mark.gpu
+
+VARIANTS = {
+    "overlap": {},
+    "pingpong": dict(pingpong=True),
+    "sequential": dict(overlap=False),
+    "one consumer": dict(consumers=1),
+    "tile per program": dict(persistent=False),
+    "o in q": dict(stage_o_in_q=True, num_buffers=3),
+    "two q tiles": dict(q_buffers=2),
+    "two q tiles, o in q": dict(q_buffers=2, stage_o_in_q=True),
+    "three consumers": dict(consumers=3, consumer_regs=160, block_n=64),
+}
+LENGTHS = [(1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097)]
+
+
+def run(knobs, q, k, v, causal, with_lse=True):
+    problem = Problem.from_tensors(q, k, causal)
+    assert violations(knobs, problem, current(q.device)) == []
+    out, lse = poisoned_outputs(q)
+    lse = lse if with_lse else None
+    forward = codegen.load(knobs).forward_plan(q, k, v, out, lse, q.shape[-1] ** -0.5, causal)
+    forward(q, k, v, out, lse)
+    return out, lse
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_variants(variant, seqlen_q, seqlen_k, causal):
+    head_dim = 64 if variant == "three consumers" else 128
+    q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, head_dim, torch.float16, "cuda")
+    out, lse = run(FwdKnobs(**VARIANTS[variant]), q, k, v, causal)
+    assert_matches_reference(out, lse, q, k, v, causal)
+
+
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_q, heads_kv", [(8, 2), (4, 1)])
+def test_defaults(head_dim, dtype, causal, heads_q, heads_kv):
+    for seqlen_q, seqlen_k in ((1000, 1000), (123, 4097), (4097, 123)):
+        q, k, v = make_qkv(2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, "cuda")
+        knobs = default_knobs(Problem.from_tensors(q, k, causal), current(q.device))
+        out, lse = run(knobs, q, k, v, causal)
+        assert_matches_reference(out, lse, q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlen_heads_layout_and_no_lse(causal):
+    q, k, v = make_qkv(2, 8, 2, 1000, 777, 128, torch.bfloat16, "cuda", transposed=True)
+    for knobs in (FwdKnobs(), FwdKnobs(persistent=False)):
+        out, _ = run(knobs, q, k, v, causal, with_lse=False)
+        assert_matches_reference(out, None, q, k, v, causal)
+
+
+def test_many_tiles_per_program():
+    """Several tiles a persistent program, causal runs of heads longer than one (and a last run shorter)."""
+    q, k, v = make_qkv(3, 5, 5, 1000, 1000, 128, torch.float16, "cuda")
+    launcher = codegen.load(FwdKnobs()).launcher
+    budget = launcher.L2_BYTES_PER_RUN
+    try:
+        launcher.L2_BYTES_PER_RUN = 1 << 20  # runs of 2 heads
+        for causal in (False, True):
+            out, lse = run(FwdKnobs(), q, k, v, causal)
+            assert_matches_reference(out, lse, q, k, v, causal)
+    finally:
+        launcher.L2_BYTES_PER_RUN = budget
