@@ -89,8 +89,7 @@ def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], 
         if near:
             d, record = min(near, key=lambda item: item[0])
             return Choice(record.knobs, url, record, f"nearest tuned problem (log2 distance {d:.2f})")
-    return Choice(families.default_knobs(problem, gpu, direction), "default", None,
-                  "nothing comparable tuned: heuristic default")
+    return _default(problem, gpu, direction, "nothing comparable tuned")
 
 
 class Dispatcher:
@@ -123,11 +122,22 @@ class Dispatcher:
         chosen = self._choices.get(key)
         if chosen is None:
             chosen = choose(problem, gpu, self.sources(gpu.family, direction), direction)
-            chosen = self._choices[key] = replace(chosen, knobs=families.of(chosen.knobs).fit(chosen.knobs, problem, gpu))
+            fitted = families.of(chosen.knobs).fit(chosen.knobs, problem, gpu)
+            chosen = replace(chosen, knobs=fitted) if fitted is not None else \
+                _default(problem, gpu, direction, f"{chosen.reason}, whose family cannot run it")
+            self._choices[key] = chosen
         return chosen
 
     def for_call(self, problem: Problem, gpu: Gpu, direction: str, tensors, deterministic: bool = False) -> Choice:
-        """`choice`, adjusted to what one call's tensors and flags allow (its family says how)."""
+        """`choice`, adjusted to what one call's tensors and flags allow (its family says how, or that it cannot:
+        then the default variant's family says)."""
         chosen = self.choice(problem, gpu, direction)
         knobs, note = families.of(chosen.knobs).for_call(chosen.knobs, tensors=tensors, deterministic=deterministic)
+        if knobs is None:
+            chosen = _default(problem, gpu, direction, f"{chosen.reason}; {note}")
+            knobs, note = families.of(chosen.knobs).for_call(chosen.knobs, tensors=tensors, deterministic=deterministic)
         return replace(chosen, knobs=knobs, reason=f"{chosen.reason}; {note}") if note else chosen
+
+
+def _default(problem: Problem, gpu: Gpu, direction: str, why: str) -> Choice:
+    return Choice(families.default_knobs(problem, gpu, direction), "default", None, f"{why}: heuristic default")

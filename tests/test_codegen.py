@@ -23,7 +23,7 @@ def all_knobs():
         for values in itertools.product(*space.values()):
             yield cls(**dict(zip(space, values)))
         for name in TILE_NUMBERS:
-            for value in cls.choices()[name]:
+            for value in cls.choices().get(name, ()):
                 yield cls(**{name: value})
 
 
@@ -50,7 +50,8 @@ def test_fingerprint_names_the_template_text(tmp_path, monkeypatch):
     fa1_fingerprint = codegen.template_fingerprint("fa1")
     assert len(fingerprint) == 16 and codegen.template_fingerprint("tl") == fingerprint and bwd != fingerprint
     assert fingerprint in codegen.render(FwdKnobs()) and bwd in codegen.render(BwdKnobs())
-    assert codegen.current_fingerprints("fwd") == {"tl": fingerprint, "fa1": fa1_fingerprint}
+    assert codegen.current_fingerprints("fwd") == {"tl": fingerprint, "gluon": codegen.template_fingerprint("gluon"),
+                                                   "fa1": fa1_fingerprint}
     assert codegen.current_fingerprints("bwd") == {"tl": bwd}, "only families with backward kernels"
     shutil.copytree(codegen.data_dir("templates"), tmp_path, dirs_exist_ok=True)
     monkeypatch.setattr(codegen, "data_dir", lambda name: tmp_path)

@@ -3,15 +3,17 @@ through these functions and `KernelFamily`, never by asking which one a variant 
 
 import json
 
-from autoflash.families import fa1, tl
+from autoflash.families import fa1, gluon, tl
 from autoflash.families.base import KernelFamily
 from autoflash.gpu import Gpu
 from autoflash.knobs import InvalidKnobs, Knobs
 from autoflash.problem import Problem
 
-# In order of preference for a problem nothing was tuned for (the first family with a default wins).
+# In order of preference for a problem nothing was tuned for (the first family with a default wins); tuned
+# records choose among all of them by measured time.
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
     tl.FAMILY,
+    gluon.FAMILY,
     fa1.FAMILY,
 )}
 DIRECTIONS = ("fwd", "bwd")

@@ -40,7 +40,8 @@ class KernelFamily:
     not_worth_timing: Callable[[Knobs, Problem, Gpu], list[str]] = _nothing
     # The family's heuristic variant for a problem nothing was tuned for, or None.
     default: Callable[[Problem, Gpu, str], Knobs | None] = _no_default
-    # Tuned knobs of a neighbouring problem, shrunk until valid for this one.
-    fit: Callable[[Knobs, Problem, Gpu], Knobs] = _as_is
-    # The knobs one call (its tensors, deterministic) can run, and a note on what changed, or "".
-    for_call: Callable[..., tuple[Knobs, str]] = _any_call
+    # Tuned knobs of a neighbouring problem, made valid for this one; None where the family cannot run it.
+    fit: Callable[[Knobs, Problem, Gpu], Knobs | None] = _as_is
+    # The knobs one call (its tensors, deterministic) can run, and a note on what changed, or "": None where
+    # the family cannot run the call (dispatch then takes the default variant).
+    for_call: Callable[..., tuple[Knobs | None, str]] = _any_call

@@ -99,17 +99,23 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     record every trial. Trials already in the store count toward `n_trials` (a second run resumes) and are
     never timed again. A family with no variant that can run the problem is recorded as such."""
     started = time.monotonic()
-    done, empty = {}, []
+    done, empty = {}, {}
     for family in families.searched(direction):
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
                                     sampler=sampler, n_trials=n_trials, time_budget=time_budget, seed=seed,
                                     on_trial=on_trial)
         done |= found
         if why:
-            empty.append(f"{family.name}: {why}")
-    if not done and empty:
-        return Report(problem, direction, None, None, None, trials=0, failures=0,
-                      wall_s=time.monotonic() - started, no_valid_variant="; ".join(empty))
+            empty[family.name] = why
+    if len(empty) == len(families.searched(direction)):  # no family can run it: say so in the store
+        for family, why in empty.items():
+            fingerprint = codegen.template_fingerprint(family, direction)
+            recorded = store.finished(gpu.family, problem, fingerprint, direction).get(NO_VARIANT)
+            if recorded is None or recorded.error != why:
+                store.record_trial(gpu, problem, NO_VARIANT, fingerprint, "no_valid_variant", error=why,
+                                   direction=direction)
+        return Report(problem, direction, None, None, None, trials=0, failures=0, wall_s=time.monotonic() - started,
+                      no_valid_variant="; ".join(f"{family}: {why}" for family, why in empty.items()))
     sdpa_ms = runner.sdpa_ms(problem, direction)
     if sdpa_ms is not None:
         store.record_baseline(gpu, problem, baseline_name(direction), sdpa_ms)
@@ -124,11 +130,11 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
                    direction: str, sampler: str, n_trials: int, time_budget: float | None, seed: int | None,
                    on_trial: Callable[[Knobs, float | None], None]) -> tuple[dict, str | None]:
     """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new, and why no
-    variant of it can run the problem (recorded as a "no_valid_variant" row), or None."""
+    variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]
     fingerprint = codegen.template_fingerprint(family.name, direction)
     done = store.finished(gpu.family, problem, fingerprint, direction)
-    recorded_empty = done.pop(NO_VARIANT, None)
+    done.pop(NO_VARIANT, None)
 
     def evaluate(points):
         variants = [knobs_class(**p) for p in points]
@@ -147,14 +153,11 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
         first = knobs_class(**{name: choices[0] for name, choices in space.items()})
         why = (f"none of the {math.prod(map(len, space.values()))} {direction} variants can run it on {gpu.name}; "
                f"e.g. {first.to_json()}: {'; '.join(family.violations(first, problem, gpu))}")
-        if recorded_empty is None or recorded_empty.error != why:
-            store.record_trial(gpu, problem, NO_VARIANT, fingerprint, "no_valid_variant", error=why,
-                               direction=direction)
         return done, why
 
-    guesses = [families.default_knobs(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
+    guesses = [family.default(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
                *nearest_tuned(store, gpu, problem, family.name, direction)]
-    warm = [k.as_point() for k in guesses if k.family == family.name]
+    warm = [k.as_point() for k in guesses if k is not None and k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
     search(valid_space, evaluate, study_name=study_name(gpu, problem, family.name, direction),
            storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials, time_budget=time_budget,

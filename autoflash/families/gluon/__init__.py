@@ -1,8 +1,9 @@
 """The `gluon` family: the forward in FlashAttention-3's shape, written in Triton's Gluon dialect for Hopper
-(templates/gluon/). Not registered yet: the lead adds it to autoflash/families/__init__.py."""
+(templates/gluon/): a TMA producer warp feeding consumer warpgroups. Hopper, fp16 and bf16; the tuner searches it
+beside `tl`, and dispatch takes it where its tuned records are faster."""
 
 from autoflash.families.base import KernelFamily
-from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, violations
+from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, fit, for_call, violations
 
 FAMILY = KernelFamily(name="gluon", knobs={"fwd": FwdKnobs}, searched=True, violations=violations,
-                      default=default_knobs)
+                      default=default_knobs, fit=fit, for_call=for_call)

@@ -60,7 +60,9 @@ def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
 def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot run `problem` on `gpu`; empty when it can (the `tl` family covers what this refuses)."""
     why = []
-    if gpu.capability != (9, 0):
+    if gpu.family == "interpreter":
+        why.append("Gluon kernels have no interpreter: they run on a Hopper GPU only")
+    elif gpu.capability != (9, 0):
         why.append(f"the Gluon forward needs sm_90 (Hopper: wgmma, setmaxnreg); {gpu.name} is {gpu.capability}")
     if not gluon_available():
         why.append("this triton has no Gluon for Hopper (triton.experimental.gluon, 3.6 or newer)")
@@ -111,3 +113,17 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     if violations(knobs, problem, gpu):
         knobs = replace(knobs, q_buffers=1)
     return None if violations(knobs, problem, gpu) else knobs
+
+
+def fit(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | None:
+    """Tuned knobs of a neighbouring problem if they run this one, else this family's default for it (None
+    where the family cannot run it: dispatch then takes the default variant)."""
+    return knobs if not violations(knobs, problem, gpu) else default_knobs(problem, gpu)
+
+
+def for_call(knobs: FwdKnobs, *, tensors, deterministic: bool) -> tuple[FwdKnobs | None, str]:
+    """TMA reads and writes every tensor: None (dispatch takes the default variant) where one of q, k, v, out is
+    not 16-byte aligned, its address or a stride."""
+    aligned = all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+                  for t in tensors)
+    return (knobs, "") if aligned else (None, "Gluon's TMA needs 16-byte aligned tensors and strides")
