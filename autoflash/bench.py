@@ -12,11 +12,15 @@ from autoflash.problem import Problem
 from autoflash.reference import sdpa_attention
 from autoflash.tune.timing import backward_ms, input_sets, median_ms
 
-SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+# Plain SDPA first (no backend forced: what a user gets without autoflash; cuDNN on the H100), then each backend.
+SDPA_BACKENDS = {"sdpa": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
 def _sdpa(backend, p: Problem):
+    if backend is None:
+        return lambda q, k, v: sdpa_attention(q, k, v, p.causal)
+
     def run(q, k, v):
         with sdpa_kernel(backend):
             return sdpa_attention(q, k, v, p.causal)
