@@ -161,3 +161,15 @@ def test_default_splits_head_dims_between_powers_of_two():
         problem = dataclasses.replace(PROBLEM, head_dim=head_dim)
         assert default_knobs(problem, H100).head_dim_split is split, head_dim
         assert not violations(default_knobs(problem, H100), problem, H100)
+
+
+def test_gluon_refuses_what_it_cannot_run():
+    from autoflash.families import gluon
+
+    causal = dataclasses.replace(PROBLEM, causal=True)
+    assert not violations(gluon.FwdKnobs(q_buffers=2), causal, H100)
+    assert any("two Q tiles" in why for why in violations(gluon.FwdKnobs(q_buffers=2, overlap=False), causal, H100))
+    assert any("no interpreter" in why for why in violations(gluon.FwdKnobs(), PROBLEM, INTERPRETER))
+    assert any("sm_90" in why for why in violations(gluon.FwdKnobs(), PROBLEM, A100))
+    assert any("fp16 or bf16" in why for why in violations(gluon.FwdKnobs(), dataclasses.replace(PROBLEM, dtype="float32"),
+                                                        H100))
