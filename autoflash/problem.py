@@ -65,6 +65,13 @@ class Problem:
             (self.seqlen_q, other.seqlen_q), (self.seqlen_k, other.seqlen_k),
             (self.batch * self.heads_q, other.batch * other.heads_q)))
 
+    def tensor_bytes(self, direction: str = "fwd") -> int:
+        """Bytes of one call's tensors: q, k, v, out and the fp32 lse; the backward adds dout, dq, dk, dv."""
+        q = self.batch * self.heads_q * self.seqlen_q * self.head_dim
+        kv = self.batch * self.heads_kv * self.seqlen_k * self.head_dim
+        return (2 * q + 2 * kv) * (2 if direction == "bwd" else 1) * self.element_size \
+            + 4 * self.batch * self.heads_q * self.seqlen_q
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]

@@ -101,7 +101,7 @@ DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2,
 CASES = [({}, 128, "float16", False, True),
          (dict(q_buffers=2), 128, "float16", True, True),
          (dict(consumers=3, consumer_regs=160, block_n=64, q_buffers=2), 64, "bfloat16", True, True),
-         (dict(consumers=1, overlap=False, persistent=False, q_buffers=2), 80, "float16", True, False),
+         (dict(consumers=1, overlap=False, persistent=False), 80, "float16", True, False),
          (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", False, True),
          (dict(pingpong=True, stage_o_in_q=True, num_buffers=3), 128, "float16", True, False)]
 

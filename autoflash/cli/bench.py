@@ -1,4 +1,4 @@
-"""autoflash bench: autoflash beside plain SDPA (no backend forced) and SDPA's flash, cuDNN and efficient backends, in one run."""
+"""autoflash bench: autoflash beside plain SDPA (no backend forced) and its flash, cuDNN and efficient backends."""
 
 import datetime
 import json

@@ -46,13 +46,15 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         raise click.ClickException(f"{len(bf16)} bfloat16 problem(s) ({bf16[0]}, ...) cannot be tuned in Triton's "
                                    "interpreter, whose tl.dot on bfloat16 is wrong (every trial would be "
                                    "wrong_result): tune them on a GPU, or tune float16 here")
+    directions = DIRECTIONS if mode == "both" else (mode,)
+    check_memory(problems, directions, *memory_of(here))
     store = open_store(db_url)
     click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
     reports = []
     try:
         with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
             for problem in problems:
-                for direction in DIRECTIONS if mode == "both" else (mode,):
+                for direction in directions:
                     target = trials or (10 ** 9 if sampler == "grid" else 60)
                     label = f"{problem.label()} {direction}"
                     with click.progressbar(length=min(target, 10 ** 4), label=label, file=sys.stderr) as bar:
@@ -66,6 +68,26 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     finally:
         if reports:
             click.echo(format_reports(reports))
+
+
+def memory_of(gpu) -> tuple[int, str]:
+    """(bytes, name) of the memory the tuner's tensors live in: the GPU's, or the host's under the interpreter."""
+    if gpu.family == "interpreter":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
+    import torch
+
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory, f"the {gpu.name}"
+
+
+def check_memory(problems, directions, limit: int, where: str) -> None:
+    """Refuse, before anything starts, a problem whose tensors alone exceed `limit` bytes."""
+    for problem in problems:
+        for direction in directions:
+            need = problem.tensor_bytes(direction)
+            if need > limit:
+                raise click.ClickException(
+                    f"{problem.label()} ({direction}) needs {need / 2 ** 30:,.1f} GiB for its tensors alone, "
+                    f"{where} has {limit / 2 ** 30:,.1f} GiB: shorten it in the problems file")
 
 
 def format_reports(reports) -> str:
