@@ -6,6 +6,7 @@ jit kernels (rendered from templates/<family>/) -> their plans (`forward_plan`, 
 (autoflash/dispatch.py) once per call signature."""
 
 import math
+import numbers
 
 import torch
 
@@ -234,12 +235,17 @@ def explain(q, k, v, *, causal=False, deterministic=False) -> str:
 def _scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+    # Any real number (numpy scalars included), but not a bool, a string or a tensor.
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int too large for a float
+        scale = math.inf
+    if not (math.isfinite(scale) and scale > 0):
         # The kernels mask scores to -inf before scaling them: a scale of 0 or below would turn masks into nan or +inf.
         raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
-    return float(softmax_scale)
+    return scale
 
 
 def _checked(q, k, v):

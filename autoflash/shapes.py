@@ -9,6 +9,8 @@ as a list expands to a grid: the entry above stands for every combination of its
 """
 
 import itertools
+import math
+import reprlib
 from pathlib import Path
 
 import yaml
@@ -17,6 +19,8 @@ from autoflash.problem import Problem
 
 REQUIRED = ("batch", "heads_q", "seqlen_q", "head_dim")
 OPTIONAL = {"heads_kv": None, "seqlen_k": None, "causal": False, "dtype": "float16"}
+MAX_PROBLEMS = 100_000  # in one file, grids expanded: far more than a tuning run can time
+MAX_ECHO = 300  # characters of the user's input an error message repeats, at most
 
 
 class ShapesError(ValueError):
@@ -30,23 +34,44 @@ def load_problems(path: str | Path) -> list[Problem]:
         raise ShapesError(f"cannot read problems file {path}: {e}") from e
     if not isinstance(document, dict) or not isinstance(document.get("problems"), list):
         raise ShapesError(f"{path}: expected a mapping with a list under 'problems' (see autoflash.shapes)")
-    problems = []
-    for index, entry in enumerate(document["problems"]):
-        problems += expand(entry, f"{path}: problems[{index}]")
+    grids = [(_grid(entry, f"{path}: problems[{index}]"), f"{path}: problems[{index}]")
+             for index, entry in enumerate(document["problems"])]
+    size = sum(_size(grid) for grid, _ in grids)
+    if size > MAX_PROBLEMS:
+        raise ShapesError(f"{path}: its grids stand for {size:,} problems, more than {MAX_PROBLEMS:,}; "
+                          "split the file or shorten its lists")
+    problems = [problem for grid, where in grids for problem in _expand(grid, where)]
     return list(dict.fromkeys(problems))  # grids may overlap: keep the first of each
 
 
-def expand(entry, where: str) -> list[Problem]:
+def _grid(entry, where: str) -> dict[str, list]:
+    """The values each field takes in this entry (a field given as one value takes just that one)."""
     if not isinstance(entry, dict):
-        raise ShapesError(f"{where}: expected a mapping of fields, got {entry!r}")
+        raise ShapesError(f"{where}: expected a mapping of fields, got {_echo(entry)}")
     unknown = set(entry) - set(REQUIRED) - set(OPTIONAL)
     if unknown:
-        raise ShapesError(f"{where}: unknown field(s) {sorted(unknown)}; fields are {list(REQUIRED) + list(OPTIONAL)}")
+        raise ShapesError(f"{where}: unknown field(s) {_echo(sorted(unknown, key=str))}; "
+                          f"fields are {list(REQUIRED) + list(OPTIONAL)}")
     missing = [name for name in REQUIRED if name not in entry]
     if missing:
         raise ShapesError(f"{where}: missing field(s) {missing}")
     fields = {name: entry.get(name, OPTIONAL.get(name)) for name in (*REQUIRED, *OPTIONAL)}
     grid = {name: value if isinstance(value, list) else [value] for name, value in fields.items()}
+    for name, values in grid.items():
+        if any(isinstance(value, (list, dict, set)) for value in values):
+            raise ShapesError(f"{where}: field '{name}' must be a value or a flat list of values, "
+                              f"got {_echo(fields[name])}")
+    if _size(grid) > MAX_PROBLEMS:
+        raise ShapesError(f"{where}: the grid stands for {_size(grid):,} problems, more than {MAX_PROBLEMS:,}; "
+                          "shorten its lists")
+    return grid
+
+
+def _size(grid: dict[str, list]) -> int:
+    return math.prod(len(values) for values in grid.values())
+
+
+def _expand(grid: dict[str, list], where: str) -> list[Problem]:
     problems = []
     for values in itertools.product(*grid.values()):
         one = dict(zip(grid, values))
@@ -60,7 +85,21 @@ def _problem(one: dict, where: str) -> Problem:
     try:
         problem = Problem(**one).validate()
     except ValueError as e:
-        raise ShapesError(f"{where}: {e}") from None
+        raise ShapesError(_capped(f"{where}: {e}")) from None
     if not 16 <= problem.head_dim <= 256:
         raise ShapesError(f"{where}: field 'head_dim' must be 16..256, got {problem.head_dim}")
     return problem
+
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxstring, _repr.maxother = 3, MAX_ECHO, MAX_ECHO
+
+
+def _echo(value) -> str:
+    """The repr of a piece of the user's input, bounded: a few levels and items deep, MAX_ECHO characters long
+    (a YAML alias bomb must not become a gigabyte message)."""
+    return _capped(_repr.repr(value))
+
+
+def _capped(text: str) -> str:
+    return text if len(text) <= MAX_ECHO else f"{text[:MAX_ECHO]}... ({len(text):,} characters)"

@@ -12,9 +12,12 @@ from autoflash.cli.common import db_option, gpu_option, problems_of, resolve_gpu
 @shapes_option
 @db_option
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="package folder to write")
-def export(gpu_name, shapes_file, db_url, out_dir):
+@click.option("--force", is_flag=True, help="write into --out even if it holds something other than an earlier export")
+def export(gpu_name, shapes_file, db_url, out_dir, force):
     """Write the best forward and backward variants (of SHAPES, or of every tuned problem) as a standalone
     Python package."""
+    if not force:
+        _refuse_foreign_folder(Path(out_dir))
     from autoflash import gpu as gpus
     from autoflash.db.urls import as_url
     from autoflash.dispatch import Dispatcher, default_urls
@@ -41,3 +44,21 @@ def export(gpu_name, shapes_file, db_url, out_dir):
         chosen = [per_direction[d] for per_direction in choices.values()]
         click.echo(f"wrote {out} {d}: {len(chosen)} problem(s), {sum(1 for c in chosen if c.tuned)} from tuning "
                    f"records, {len(set(c.knobs for c in chosen))} variant(s)")
+
+
+EXPORT_HEADER = "# Exported by autoflash"  # the first line of every exported __init__.py
+
+
+def _refuse_foreign_folder(out: Path) -> None:
+    """An export writes __init__.py: only into a new or empty folder, or over an earlier export."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    init = out / "__init__.py"
+    try:
+        with init.open(encoding="utf-8", errors="replace") as f:
+            earlier_export = f.readline().startswith(EXPORT_HEADER)
+    except OSError:
+        earlier_export = False
+    if not earlier_export:
+        raise click.ClickException(f"{out} is not empty and holds no earlier autoflash export: "
+                                   "pick an empty or new folder for --out, or pass --force to write into it")
