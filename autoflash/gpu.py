@@ -47,6 +47,12 @@ def by_family(family: str) -> Gpu:
     return KNOWN[family]
 
 
+def tma_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether TMA can read and write these tensors: 16-byte aligned addresses and strides (all but the last)."""
+    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+               for t in tensors)
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

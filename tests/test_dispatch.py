@@ -154,3 +154,17 @@ def test_tma_winners_use_pointer_loads_on_misaligned_tensors(tmp_path, loads):
     assert dispatcher.for_call(BASE, H100, "fwd", aligned).knobs.loads == loads
     fallback = dispatcher.for_call(BASE, H100, "fwd", misaligned)
     assert fallback.knobs.loads == "pointer" and "pointer loads instead" in fallback.reason
+
+
+def test_a_family_that_cannot_run_a_call_gives_way_to_the_default(tmp_path):
+    from autoflash.families import gluon
+
+    url = f"sqlite:///{tmp_path / 'gluon.db'}"
+    record(Store(url), H100, BASE, gluon.FwdKnobs(), 1.0)
+    dispatcher = Dispatcher([url])
+    aligned = make_qkv(1, 2, 2, 8, 8, 64, __import__("torch").float16, "cpu")
+    assert dispatcher.for_call(BASE, H100, "fwd", aligned).knobs == gluon.FwdKnobs()
+    misaligned = tuple(t[..., :64] for t in make_qkv(1, 2, 2, 8, 8, 68, __import__("torch").float16, "cpu"))
+    fallback = dispatcher.for_call(BASE, H100, "fwd", misaligned)
+    assert fallback.knobs.family == "tl" and fallback.knobs.loads == "pointer" and fallback.source == "default"
+    assert "Gluon's TMA needs 16-byte aligned" in fallback.reason

@@ -4,7 +4,7 @@ Gluon dialect for Hopper), what they cannot run, and the heuristic default."""
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from autoflash.gpu import Gpu
+from autoflash.gpu import Gpu, tma_aligned
 from autoflash.knobs import Knobs, family_knob, head_dim_pad, knob
 from autoflash.problem import Problem
 
@@ -128,6 +128,6 @@ def fit(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | None:
 def for_call(knobs: FwdKnobs, *, tensors, deterministic: bool) -> tuple[FwdKnobs | None, str]:
     """TMA reads and writes every tensor: None (dispatch takes the default variant) where one of q, k, v, out is
     not 16-byte aligned, its address or a stride."""
-    aligned = all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
-                  for t in tensors)
-    return (knobs, "") if aligned else (None, "Gluon's TMA needs 16-byte aligned tensors and strides")
+    if tma_aligned(*tensors):
+        return knobs, ""
+    return None, "Gluon's TMA needs 16-byte aligned tensors and strides"

@@ -13,10 +13,9 @@ import triton
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.families.tl.limits import (grid_y, not_worth_timing, programs, query_rows, split_saves_columns,
                                           tma_violations, violations)
-from autoflash.gpu import Gpu
+from autoflash.gpu import Gpu, tma_aligned
 from autoflash.knobs import MAX_GRID_Y, Knobs, head_dim_pad
 from autoflash.problem import Problem
-from autoflash.resources import launcher
 
 HALF = ("float16", "bfloat16")
 ANY = ("float16", "bfloat16", "float32")
@@ -116,7 +115,7 @@ def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
 def for_call(knobs: Knobs, *, tensors, deterministic: bool) -> tuple[Knobs, str]:
     """The knobs one call can run: pointer loads where its tensors (q, k, v, out) are not 16-byte aligned for
     TMA, dQ in its own pass under deterministic=True; and a note saying what changed."""
-    if isinstance(knobs, FwdKnobs) and knobs.loads != "pointer" and not launcher("tl").tma_aligned(*tensors):
+    if isinstance(knobs, FwdKnobs) and knobs.loads != "pointer" and not tma_aligned(*tensors):
         return replace(knobs, loads="pointer"), "TMA needs 16-byte aligned strides: pointer loads instead"
     if isinstance(knobs, BwdKnobs) and deterministic and knobs.dq == "atomic":
         return replace(knobs, dq="separate"), "deterministic=True: dQ in its own pass instead of atomics"
