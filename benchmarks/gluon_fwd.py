@@ -68,13 +68,14 @@ def check_cases():
     lengths = ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097))
     for knobs in ({}, dict(pingpong=True), dict(overlap=False), dict(consumers=1), dict(persistent=False),
                   dict(stage_o_in_q=True), dict(stage_o_in_q=True, num_buffers=3), dict(q_buffers=2),
-                  dict(q_buffers=2, stage_o_in_q=True)):
+                  dict(q_buffers=2, stage_o_in_q=True), dict(dynamic=True), dict(dynamic=True, q_buffers=2)):
         for sq, sk in lengths if not knobs else lengths[2::2]:
             for causal in (False, True):
                 cases.append((knobs, 2, 4, 4, sq, sk, 128, causal, torch.float16, "bhsd"))
         for causal in (False, True):  # several tiles per program on a persistent grid
             cases.append((knobs, 4, 32, 8, 1000, 1000, 128, causal, torch.bfloat16, "bhsd"))
-    for knobs in (dict(l2_bytes=1 << 20), dict(l2_bytes=1 << 20, persistent=False)):
+    for knobs in (dict(l2_bytes=1 << 20), dict(l2_bytes=1 << 20, persistent=False),
+                  dict(l2_bytes=1 << 20, dynamic=True)):
         cases.append((knobs, 1, 5, 5, 1000, 1000, 128, True, torch.float16, "bhsd"))
     for causal in (False, True):
         cases.append((dict(consumers=3, consumer_regs=160), 4, 32, 8, 1000, 999, 64, causal, torch.float16, "bhsd"))

@@ -53,6 +53,14 @@ class _TorchDtype:
     def __str__(self):
         return f"torch.{self.name}"
 
+    # Triton caches per dtype object: equal by name, so that a new object at a freed one's address is not taken
+    # for it (a bf16 descriptor compiled as an fp16 one).
+    def __eq__(self, other):
+        return isinstance(other, _TorchDtype) and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
     __repr__ = __str__
 
 
@@ -71,6 +79,7 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     args = (descriptor(knobs["block_m"]), descriptor(knobs["block_n"]), descriptor(knobs["block_n"]),
             descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]),
+            MockTensor(_TorchDtype("int32"), [1]),  # the tile counter
             0.1, 4, 2, 1000, 1000, 8, 64, 3)  # scale, heads_q, group, seqlens, tiles_m, tiles, run_heads
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
     bound, specialization, other = binder(*args, **options)
@@ -96,10 +105,11 @@ def ptxas_report(compiled) -> dict:
 
 
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2, pingpong=False, overlap=True,
-               consumer_regs=240, producer_regs=24, persistent=True, stage_o_in_q=False)
+               consumer_regs=240, producer_regs=24, persistent=True, dynamic=False,
+               stage_o_in_q=False)
 # (knob changes, head_dim, dtype, causal, return_lse)
 CASES = [({}, 128, "float16", False, True),
-         (dict(q_buffers=2), 128, "float16", True, True),
+         (dict(q_buffers=2, dynamic=True), 128, "float16", True, True),
          (dict(consumers=3, consumer_regs=160, block_n=64, q_buffers=2), 64, "bfloat16", True, True),
          (dict(consumers=1, overlap=False, persistent=False), 80, "float16", True, False),
          (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", False, True),

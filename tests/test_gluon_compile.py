@@ -56,6 +56,7 @@ def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
     (FwdKnobs(num_buffers=3), _problem(), H100, "shared memory"),
     (FwdKnobs(consumers=3, consumer_regs=160), _problem(), H100, "registers a thread"),
     (FwdKnobs(consumers=3), _problem(64), H100, "exceed the SM's"),
+    (FwdKnobs(persistent=False, dynamic=True), _problem(), H100, "needs a persistent grid"),
 ])
 def test_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)

@@ -20,6 +20,8 @@ VARIANTS = {
     "sequential": dict(overlap=False),
     "one consumer": dict(consumers=1),
     "tile per program": dict(persistent=False),
+    "dynamic": dict(dynamic=True),
+    "dynamic, two q tiles": dict(dynamic=True, q_buffers=2),
     "o in q": dict(stage_o_in_q=True, num_buffers=3),
     "two q tiles": dict(q_buffers=2),
     "two q tiles, o in q": dict(q_buffers=2, stage_o_in_q=True),
@@ -75,8 +77,28 @@ def test_many_tiles_per_program():
     budget = launcher.L2_BYTES_PER_RUN
     try:
         launcher.L2_BYTES_PER_RUN = 1 << 20  # runs of 2 heads
-        for causal in (False, True):
-            out, lse = run(FwdKnobs(), q, k, v, causal)
-            assert_matches_reference(out, lse, q, k, v, causal)
+        for knobs in (FwdKnobs(), FwdKnobs(dynamic=True)):
+            for causal in (False, True):
+                out, lse = run(knobs, q, k, v, causal)
+                assert_matches_reference(out, lse, q, k, v, causal)
     finally:
         launcher.L2_BYTES_PER_RUN = budget
+
+
+def test_dynamic_tiles_repeat_and_streams():
+    """The claimed-tile counter is back at 0 after every launch: the same plan run again, on new inputs, and on
+    a second stream (its own counter) still computes every tile."""
+    knobs = FwdKnobs(dynamic=True, q_buffers=2)
+    q, k, v = make_qkv(2, 6, 3, 1000, 1000, 128, torch.float16, "cuda")
+    out, lse = poisoned_outputs(q)
+    forward = codegen.load(knobs).forward_plan(q, k, v, out, lse, q.shape[-1] ** -0.5, True)
+    side = torch.cuda.Stream()
+    for seed in range(3):
+        q, k, v = make_qkv(2, 6, 3, 1000, 1000, 128, torch.float16, "cuda", seed=seed)
+        for stream in (torch.cuda.current_stream(), side):
+            out, lse = poisoned_outputs(q)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                forward(q, k, v, out, lse)
+            stream.synchronize()
+            assert_matches_reference(out, lse, q, k, v, True)

@@ -46,6 +46,24 @@ def _descriptor_maker(q, k, v, out, block_m, block_n, block_d):
     return make
 
 
+def _counter_maker(q, dynamic):
+    """`counter()`: the int32 a DYNAMIC kernel claims tiles from, 0 before each launch (the kernel sets it back
+    to 0 at its end), one per stream so that launches on different streams never share one; a fresh one while a
+    CUDA graph is captured (the graph keeps it). `q` itself where the kernel does not read it."""
+    if not dynamic:
+        return lambda: q
+    counters = {}
+
+    def counter():
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(1, dtype=torch.int32, device=q.device)
+        stream = torch.cuda.current_stream(q.device).stream_id
+        if stream not in counters:
+            counters[stream] = torch.zeros(1, dtype=torch.int32, device=q.device)
+        return counters[stream]
+    return counter
+
+
 def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile=None):
     """`forward(q, k, v, out, lse)` for every call shaped like this one (shapes, strides, dtypes, 16-byte
     alignment, lse given or None). `kernels`: the rendered module; `knobs`: the dict it was rendered from;
@@ -65,15 +83,16 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
         grid = (tiles,)
     kv_bytes = 2 * seqlen_k * head_dim * q.element_size() * heads_kv // heads_q  # per query head
     run_heads = min(batch * heads_q, max(1, L2_BYTES_PER_RUN // kv_bytes)) if causal else 1
-    args = (*descriptors(q, k, v, out), q if lse is None else lse, softmax_scale, heads_q, heads_q // heads_kv,
-            seqlen_q, seqlen_k, tiles_m, tiles, run_heads)
+    counter = _counter_maker(q, knobs["dynamic"])
+    args = (*descriptors(q, k, v, out), q if lse is None else lse, counter(), softmax_scale, heads_q,
+            heads_q // heads_kv, seqlen_q, seqlen_k, tiles_m, tiles, run_heads)
     options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), RETURN_LSE=lse is not None, num_warps=4)
     if compile is None:
         def launch(*tensors):
-            kernels.attn_fwd[grid](*tensors, *args[5:], **options)
+            kernels.attn_fwd[grid](*tensors, *args[6:], **options)
     else:
-        launch = compile(kernels.attn_fwd, grid, args, options, 5)
+        launch = compile(kernels.attn_fwd, grid, args, options, 6)
 
     def forward(q, k, v, out, lse):
-        launch(*descriptors(q, k, v, out), q if lse is None else lse)
+        launch(*descriptors(q, k, v, out), q if lse is None else lse, counter())
     return forward

@@ -34,6 +34,10 @@ class FwdKnobs(Knobs):
     persistent: bool = knob(True, (True, False),
                             "one program per SM walks the tiles (the next tile's loads under this one's "
                             "epilogue); False: one program per tile")
+    dynamic: bool = knob(False, (False, True),
+                         "(persistent) each program takes its next tile from a global counter as it finishes one, "
+                         "so unequal causal tiles go longest first to whichever SM is free; False: every "
+                         "num_programs-th tile")
     stage_o_in_q: bool = knob(False, (False, True),
                               "O leaves through the consumer's Q tile (saves its shared memory; the next Q waits "
                               "for the store) instead of a tile of its own")
@@ -72,6 +76,8 @@ def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
         why.append(f"head_dim {problem.head_dim} is outside 16..256")
     if problem.head_dim * problem.element_size % 16:
         why.append(f"TMA needs 16-byte rows; head_dim {problem.head_dim} x {problem.element_size} bytes is not")
+    if knobs.dynamic and not knobs.persistent:
+        why.append("dynamic tile claiming needs a persistent grid (one program per tile has nothing to claim)")
     if knobs.pingpong and knobs.consumers != 2:
         why.append("ping-pong alternates two consumers")
     if knobs.q_buffers == 2 and not knobs.overlap:
