@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU steps that land a template change (fingerprints change: every record of the changed families must be
+# re-measured before main ships them). One step per device call (each fits the 10-minute limit on an H100):
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh check   $OUT   # GPU tests of the kernels, the Gluon sweep
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon   $OUT   # G6: dynamic tiles against the defaults
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh fwd     $OUT   # retune fwd (tl + gluon), merged
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd     $OUT   # retune bwd, merged
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bench   $OUT   # the FA grid, fwd and bwd, from the new db
+# Logs and JSON lines land in $OUT (the device tool brings them back); copy what NOTES cite to benchmarks/results/.
+# A machine may be a fresh one at every call: after fwd and after bwd, copy the returned h100.db over
+# tuning_db/h100.db here before the next step (bwd retunes on top of fwd's records; bench reads both).
+set -uo pipefail
+step=$1 out=$2
+mkdir -p "$out"
+day=$(date +%F)
+case $step in
+check)
+    python -m pytest -q -m gpu -n 16 --ignore=tests/test_gpu_large.py > "$out/${day}_h100_gpu_tests.log" 2>&1
+    echo "gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests.log"
+    python benchmarks/gluon_fwd.py --check > "$out/${day}_h100_gluon_check.log" 2>&1
+    echo "gluon sweep rc $?"; grep -c "^ok" "$out/${day}_h100_gluon_check.log"; grep FAIL "$out/${day}_h100_gluon_check.log" | head
+    ;;
+gluon)
+    python benchmarks/gluon_fwd.py --bench fa_grid_fp16 --out "$out/${day}_h100_gluon_dynamic_g6.jsonl" \
+        --variants '["default", {"default": true, "persistent": true, "dynamic": true}]' \
+        > "$out/${day}_h100_gluon_dynamic_g6.log" 2>&1
+    echo "gluon bench rc $?"; cat "$out/${day}_h100_gluon_dynamic_g6.log"
+    ;;
+fwd|bwd)  # warm-started from the shipped winners (the tuner tries them first); rows already merged are not copied twice
+    db=/tmp/retune_$step.db
+    rm -f "$db"
+    files="fa_grid fa_grid_bf16"
+    [ "$step" = fwd ] && files="$files odd_shapes gqa small_batch"
+    bash benchmarks/retune.sh "$step" "$files" "$db" 2 > "$out/${day}_h100_retune_$step.log" 2>&1
+    python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
+    cp tuning_db/h100.db "$out/h100.db"
+    tail -n 40 "$out/${day}_h100_retune_$step.log"
+    ;;
+bench)
+    for mode in fwd bwd; do
+        python -m autoflash bench --shapes examples/fa_grid.yaml --mode "$mode" \
+            --out "$out/${day}_h100_bench_fa_grid_${mode}.jsonl" > "$out/${day}_h100_bench_fa_grid_${mode}.log" 2>&1
+        echo "bench $mode rc $?"; tail -n 30 "$out/${day}_h100_bench_fa_grid_${mode}.log"
+    done
+    ;;
+*)
+    echo "steps: check gluon fwd bwd bench" >&2; exit 2
+    ;;
+esac
