@@ -1,0 +1,1 @@
+"""Ways into autoflash from other libraries (each imported on its own, never by `import autoflash`)."""
