@@ -263,8 +263,12 @@ def _checked(q, k, v):
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.device.type == "cpu" and not gpus.interpreting():
-        raise ValueError("q, k, v are on the CPU: move them to a CUDA GPU, or set TRITON_INTERPRET=1 "
-                         "to run the kernels in Triton's (slow) interpreter")
+        raise ValueError("q, k, v are on the CPU: move them to a CUDA GPU, or set TRITON_INTERPRET=1 before "
+                         "importing autoflash to run the kernels in Triton's (slow) interpreter")
+    if gpus.interpreting() and not gpus.triton_interprets():
+        raise RuntimeError("TRITON_INTERPRET=1 was set after Triton was imported (import autoflash imports it), and "
+                           "Triton reads it at import: set it before, in the shell (TRITON_INTERPRET=1 python ...) "
+                           "or with os.environ at the top of the script, before any import of autoflash or triton")
     if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
         raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
     if not q.shape[3] == k.shape[3] == v.shape[3]:

@@ -57,6 +57,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def triton_interprets() -> bool:
+    """Whether Triton was imported for its interpreter. It reads TRITON_INTERPRET once for its own library
+    functions (tl.max, tl.sum, ...), when it is imported: set later, the variable reaches only the kernels
+    compiled after it, which then fail calling the library ("Cannot call @triton.jit'd outside of the scope of
+    a kernel")."""
+    from triton.language import standard
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(standard.zeros, JITFunction)
+
+
 def family_of(device_name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'h100'; unknown names become a lower-case slug."""
     known = re.search(r"\b([ABHLV]\d{2,3}|GH200|GB200|B200|RTX ?\d{4})\b", device_name, re.IGNORECASE)

@@ -280,6 +280,12 @@ class Store:
                                   .where(GpuRow.family == family, VariantRow.direction == direction)))
 
     @_store_errors
+    def gpu_families(self) -> list[str]:
+        """The GPU families with trials here."""
+        with Session(self.engine) as s:
+            return list(s.scalars(select(GpuRow.family).distinct().join(TrialRow, TrialRow.gpu_id == GpuRow.id)))
+
+    @_store_errors
     def summary(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, int, int]]:
         """Per well-formed problem tuned on `family`: (problem, trials, failed trials); a no_valid_variant row is
         no trial."""
