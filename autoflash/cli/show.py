@@ -4,7 +4,7 @@ from contextlib import contextmanager
 
 import click
 
-from autoflash.cli.common import db_option, gpu_option, open_store, resolve_gpu
+from autoflash.cli.common import db_option, gpu_option, open_store, require_extra, resolve_gpu
 
 
 @click.command()
@@ -17,6 +17,7 @@ def show(gpu_name, db_url):
     from autoflash.db.urls import default_url, user_url
     from autoflash.dispatch import shipped_urls
 
+    require_extra("tune", "sqlalchemy")  # before saying anything
     gpu_family = resolve_gpu(gpu_name)
     if db_url or user_url():
         with _opened(db_url) as store:
