@@ -57,6 +57,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def triton_interprets() -> bool:
+    """Whether Triton was imported for its interpreter. It reads TRITON_INTERPRET once for its own library
+    functions (tl.max, tl.sum, ...), when it is imported: set later, the variable reaches only the kernels
+    compiled after it, which then fail calling the library ("Cannot call @triton.jit'd outside of the scope of
+    a kernel")."""
+    from triton.language import standard
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(standard.zeros, JITFunction)
+
+
 def family_of(device_name: str, multiprocessors: int | None = None) -> str:
     """The family results are filed under: what changes the winners, not only the chip. 'NVIDIA H100 80GB HBM3'
     -> 'h100'; its PCIe and NVL boards -> 'h100-pcie', 'h100-nvl' (fewer SMs, other memory and clocks); a board
@@ -78,8 +89,8 @@ def family_of(device_name: str, multiprocessors: int | None = None) -> str:
 def _cuda_gpu(index: int) -> Gpu:
     props = torch.cuda.get_device_properties(index)
     smem = getattr(props, "shared_memory_per_block_optin", 0) or 49152
-    return Gpu(family_of(props.name, props.multi_processor_count), props.name, (props.major, props.minor), props.multi_processor_count,
-               smem, getattr(props, "regs_per_multiprocessor", 65536))
+    return Gpu(family_of(props.name, props.multi_processor_count), props.name, (props.major, props.minor),
+               props.multi_processor_count, smem, getattr(props, "regs_per_multiprocessor", 65536))
 
 
 def current(device: torch.device | None = None) -> Gpu:

@@ -10,20 +10,21 @@ def resolve_gpu(gpu_name: str | None):
     return gpu_name.lower() if gpu_name else gpus.current().family
 
 
-def require_tune_extra(*modules: str) -> None:
-    """A one-line error, not a traceback, when a module of the `tune` extra (optuna, sqlalchemy) is missing."""
+def require_extra(extra: str, *modules: str) -> None:
+    """A one-line error, not a traceback, when a module of an extra (`tune`: optuna, sqlalchemy; `plot`: matplotlib)
+    is missing."""
     for module in modules:
         try:
             __import__(module)
         except ModuleNotFoundError:
             command = click.get_current_context().command_path
             raise click.ClickException(f"{command} needs {module}, which is not installed: "
-                                       "pip install 'autoflash[tune]'") from None
+                                       f"pip install 'autoflash[{extra}]'") from None
 
 
 def open_store(db: str | None, readonly: bool = False):
     """The store of --db (a URL or a SQLite file path; default $AUTOFLASH_DB, else the per-user file)."""
-    require_tune_extra("sqlalchemy")
+    require_extra("tune", "sqlalchemy")
     from autoflash.db.base import StoreError
     from autoflash.db.store import Store
 

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from autoflash.cli.common import db_option, mode_option, open_store, problems_of, require_tune_extra
+from autoflash.cli.common import db_option, mode_option, open_store, problems_of, require_extra
 from autoflash.tune import SAMPLERS
 
 
@@ -27,7 +27,7 @@ from autoflash.tune import SAMPLERS
               help="run on the CPU in Triton's interpreter; results filed under GPU 'interpreter' (timings meaningless)")
 def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret):
     """Tune the kernels of every problem in SHAPES (forward, backward or both) and record every trial."""
-    require_tune_extra("optuna", "sqlalchemy")
+    require_extra("tune", "optuna", "sqlalchemy")
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
     from autoflash import gpu as gpus

@@ -31,9 +31,12 @@ from autoflash.gpu import Gpu
 from autoflash.problem import Problem
 
 
+BUSY_TIMEOUT_S = 120  # how long a SQLite writer waits for another process's write to finish
+
+
 def _connect(path: str) -> sqlite3.Connection:
     """A SQLite connection that waits for other writers instead of failing."""
-    return sqlite3.connect(path, timeout=120, check_same_thread=False)
+    return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
 
 
 def make_engine(url: str, readonly: bool = False):
@@ -51,7 +54,7 @@ def make_engine(url: str, readonly: bool = False):
 
     @event.listens_for(engine, "connect")
     def _wal(connection, _record):
-        connection.execute("PRAGMA busy_timeout=120000")
+        connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
         # Switching to WAL answers "locked" at once, without waiting, while another process creates the file.
         for attempt in range(200):
             try:
@@ -88,7 +91,11 @@ class Store:
         """The database `db` (a URL or a SQLite file path; default: default_url()); `readonly` never writes."""
         self.url = as_url(db) if db else default_url()
         self.engine = make_engine(self.url, readonly)
-        self._ensure_schema(readonly)
+        try:
+            self._ensure_schema(readonly)
+        except BaseException:
+            self.close()  # a refused database keeps no connection open
+            raise
 
     def close(self) -> None:
         """Close the database's connections (the store opens new ones if used again)."""
@@ -227,9 +234,15 @@ class Store:
         tuning_db/, read from a read-only folder) with no -wal or -shm beside it."""
         if self.url.startswith("sqlite"):
             self.engine.dispose()
-            with self.engine.connect() as connection:
-                connection.exec_driver_sql("PRAGMA journal_mode=DELETE")
-                connection.exec_driver_sql("VACUUM")
+            try:
+                with self.engine.connect() as connection:
+                    connection.exec_driver_sql("PRAGMA journal_mode=DELETE")
+                    connection.exec_driver_sql("VACUUM")
+            except OperationalError as e:
+                if "locked" not in str(e):
+                    raise
+                raise StoreError(f"cannot make {self.url} standalone: another process has it open (a tuner?); what "
+                                 "was written is saved: run the same command again when that process is done") from e
 
     # -- reading -----------------------------------------------------------------------------------
     def _trials(self, family: str, fingerprint: str, direction: str, *columns):
@@ -265,6 +278,12 @@ class Store:
         with Session(self.engine) as s:
             return list(s.scalars(select(VariantRow.fingerprint).distinct().join(TrialRow.variant).join(TrialRow.gpu)
                                   .where(GpuRow.family == family, VariantRow.direction == direction)))
+
+    @_store_errors
+    def gpu_families(self) -> list[str]:
+        """The GPU families with trials here."""
+        with Session(self.engine) as s:
+            return list(s.scalars(select(GpuRow.family).distinct().join(TrialRow, TrialRow.gpu_id == GpuRow.id)))
 
     @_store_errors
     def summary(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, int, int]]:
