@@ -1,0 +1,1 @@
+"""Where autoflash meets other libraries: torch.compile (torch_ops), SDPA (sdpa)."""
