@@ -3,7 +3,11 @@
 jit kernels (rendered from templates/<family>/) -> their plans (`forward_plan`, `backward_plan` of a
 `codegen.Variant`, from the family's launcher: compiled once, then started directly, autoflash/launch.py)
 -> `_Attention`, an autograd.Function -> `attention`, which checks inputs and chooses the variants
-(autoflash/dispatch.py) once per call signature."""
+(autoflash/dispatch.py) once per call signature. `attention_forward` and `attention_backward` run the same plans
+outside autograd: they are the kernels of the custom ops that torch.compile traces
+(autoflash/integrations/torch_ops.py) and of SDPA's flash ops (autoflash/integrations/sdpa.py)."""
+
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -43,25 +47,66 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, de
         out, shaped and laid out like q (or the given out); with return_lse, (out, lse) where lse is
         float32 (batch, heads_q, seqlen_q), natural log.
     """
-    try:
-        addresses = checks.addresses(q, k, v, out)
-        key = _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic)
-        run = _plans.get(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan raises what is wrong
-        key, run = None, None
-    if run is None:
-        run = _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
-        if key is not None:
-            if len(_plans) >= _MAX_PLANS:
-                _plans.clear()
-            _plans[key] = run
-    return run(q, k, v, out, addresses)
+    if torch.compiler.is_compiling():
+        return _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out)
+    plan, addresses = _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
+    return plan.run(q, k, v, out, addresses)
+
+
+def attention_forward(q, k, v, causal, softmax_scale, deterministic):
+    """(out, lse) of `attention(q, k, v, causal=..., softmax_scale=..., return_lse=True, deterministic=...)`,
+    never recorded by autograd; q, k, v must have last stride 1 (as `_checked` leaves them)."""
+    return _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic)[0].forward(q, k, v)
+
+
+def attention_backward(dout, q, k, v, out, lse, dlse, causal, softmax_scale, deterministic):
+    """(dq, dk, dv) of the call `attention_forward(q, k, v, causal, softmax_scale, deterministic)` that returned
+    out and lse, given dout and dlse (None: lse was not used); dq, dk, dv are laid out like q, k, v."""
+    plan = _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic)[0]
+    return plan.backward(q, k, v, out, lse, dout, dlse)
+
+
+class _Plan(NamedTuple):
+    """What one call signature runs: `run(q, k, v, out, addresses)` is attention's call (addresses as
+    `checks.addresses` gives them); `forward(q, k, v) -> (out, lse)` and
+    `backward(q, k, v, out, lse, dout, dlse) -> (dq, dk, dv)` run outside autograd, on q, k, v of last stride 1."""
+    run: Callable
+    forward: Callable
+    backward: Callable
 
 
 # The hot path: a call whose shapes, strides, dtypes, devices, alignment and arguments were seen
 # before runs its plan (checked inputs, chosen kernels, scale) without checking or choosing again.
 _plans: dict = {}
 _MAX_PLANS = 4096
+
+
+def _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> tuple[_Plan, tuple]:
+    """The plan of this call signature, made at its first call, and the call's addresses."""
+    try:
+        addresses = checks.addresses(q, k, v, out)
+        key = _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic)
+        plan = _plans.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan raises what is wrong
+        key, plan = None, None
+    if plan is None:
+        plan = _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
+        if key is not None:
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    return plan, addresses
+
+
+def _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out):
+    """attention as torch.compile traces it: one custom op, autoflash::attention_forward, whose autograd
+    formula is autoflash::attention_backward (autoflash/integrations/torch_ops.py registers both)."""
+    if out is not None:
+        raise ValueError("attention(..., out=...) is not supported under torch.compile: leave out=None "
+                         "(the compiled graph allocates and reuses its own buffers)")
+    q, k, v = _checked(q, k, v)
+    out, lse = torch.ops.autoflash.attention_forward(q, k, v, causal, softmax_scale, deterministic)
+    return (out, lse) if return_lse else out
 
 
 def _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic) -> tuple:
@@ -76,9 +121,9 @@ def _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, determ
     return key + (out.shape, out.stride(), out.dtype, out.get_device(), addresses[3] & 15)
 
 
-def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
+def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> _Plan:
     """Check the inputs and compile the forward kernel once (the backward's at the first backward);
-    return what runs every such call: run(q, k, v, out, addresses), addresses as _addresses gives them."""
+    return what runs every such call."""
     q_checked, k_checked, v_checked = _checked(q, k, v)
     copies = tuple(t.stride(-1) != 1 for t in (q, k, v))
     needs_copy = any(copies)
@@ -88,7 +133,7 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
     if q.dtype == torch.bfloat16 and gpus.interpreting():
         return _in_float32(check_out, causal, softmax_scale, return_lse, deterministic)
     forward = training_forward = _no_launch
-    backward = None
+    launch_backward = None
     if q.numel():
         problem = Problem.from_tensors(q_checked, k_checked, causal)
         gpu = gpus.current(q.device)
@@ -100,8 +145,23 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
         forward = variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, causal)
         training_forward = forward if return_lse else _built_at_first_call(
             lambda q, k, v, out, lse: variant.forward_plan(q, k, v, out, lse, scale, causal))
-        backward = _built_at_first_call(lambda *args: _backward_launcher(
+        launch_backward = _built_at_first_call(lambda *args: _backward_launcher(
             codegen.load(DISPATCHER.for_call(problem, gpu, "bwd", tensors, deterministic).knobs), scale, causal))
+
+    def forward_with_lse(q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        training_forward(q, k, v, out, lse)
+        return out, lse
+
+    def backward(q, k, v, out, lse, dout, dlse):
+        if launch_backward is None:  # no query rows: nothing flows back
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
+        dlse = None if dlse is None else dlse.contiguous()
+        launch_backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)
+        return dq, dk, dv
 
     def run(q, k, v, out, addresses):
         if out is not None:
@@ -110,7 +170,7 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
             q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
         if out is None:
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                out, lse = _Attention.apply(q, k, v, training_forward, backward)
+                out, lse = _Attention.apply(q, k, v, plan)
                 return (out, lse) if return_lse else out
             out = torch.empty_like(q)
         if return_lse:
@@ -119,12 +179,13 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
             return out, lse
         forward(q, k, v, out, None)
         return out
-    return run
+    plan = _Plan(run, forward_with_lse, backward)
+    return plan
 
 
-def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic):
-    """run(q, k, v, out, addresses) for bfloat16 under Triton's interpreter, whose tl.dot on bfloat16 is wrong
-    (Triton 3.9): attention of float32 copies, cast back to bfloat16 (lse stays float32). Differentiable through
+def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic) -> _Plan:
+    """The plan for bfloat16 under Triton's interpreter, whose tl.dot on bfloat16 is wrong (Triton 3.9):
+    attention of float32 copies, cast back to bfloat16 (lse stays float32). `run` is differentiable through
     the casts: gradients flow back as bfloat16. `out` is filled by a copy."""
     def run(q, k, v, out, addresses):
         if out is not None:
@@ -134,7 +195,17 @@ def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic):
         result_out, lse = result if return_lse else (result, None)
         result_out = result_out.to(torch.bfloat16) if out is None else out.copy_(result_out)
         return (result_out, lse) if return_lse else result_out
-    return run
+
+    def forward(q, k, v):
+        out, lse = attention_forward(q.float(), k.float(), v.float(), causal, softmax_scale, deterministic)
+        return out.to(torch.bfloat16), lse
+
+    def backward(q, k, v, out, lse, dout, dlse):
+        dout = None if dout is None else dout.float()
+        grads = attention_backward(dout, q.float(), k.float(), v.float(), out.float(), lse, dlse, causal,
+                                   softmax_scale, deterministic)
+        return tuple(g.to(torch.bfloat16) for g in grads)
+    return _Plan(run, forward, backward)
 
 
 def _no_launch(q, k, v, out, lse):
@@ -169,28 +240,19 @@ def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool):
 
 
 class _Attention(torch.autograd.Function):
-    """Forward and backward launches of one call signature's variants; saves q, k, v, out and lse."""
+    """Forward and backward of one call signature's plan; saves q, k, v, out and lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, forward, backward):
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        forward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, plan):
+        out, lse = plan.forward(q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.launch_backward = backward
+        ctx.plan = plan
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if ctx.launch_backward is None:  # no query rows: nothing flows back
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
-        dlse = None if dlse is None else dlse.contiguous()
-        ctx.launch_backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)
-        return dq, dk, dv, None, None
+        return *ctx.plan.backward(*ctx.saved_tensors, dout, dlse), None
 
 
 DISPATCHER = Dispatcher()

@@ -1,1 +1,2 @@
-"""Ways into autoflash from other libraries (each imported on its own, never by `import autoflash`)."""
+"""Ways into autoflash from other libraries: torch.compile (torch_ops) and SDPA (sdpa), registered by `import
+autoflash` and `autoflash.install_sdpa()`; Hugging Face transformers (transformers), imported on its own."""
