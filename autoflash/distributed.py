@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from autoflash import codegen, gpu as gpus
-from autoflash.api import DISPATCHER, attention
+from autoflash.api import DISPATCHER, _scale, attention
 from autoflash.problem import Problem
 
 __all__ = ["ring_attention", "shard_sequence", "gather_sequence"]
@@ -60,14 +60,15 @@ def ring_attention(q, k, v, *, group=None, causal=False, softmax_scale=None):
     """
     ring = _Ring(group)
     _check_shards(q, k, v, causal)
+    scale = _scale(softmax_scale, q.shape[-1])
     if ring.group not in _agreed_groups:
-        _check_agreement(ring, q, k, causal, softmax_scale)
+        _check_agreement(ring, q, k, causal, scale)
         _agreed_groups.add(ring.group)
     if q.dtype == torch.bfloat16 and gpus.interpreting():  # the interpreter's bf16 tl.dot is wrong: as api.py does
         return ring_attention(q.float(), k.float(), v.float(), group=group, causal=causal,
-                              softmax_scale=softmax_scale).to(torch.bfloat16)
+                              softmax_scale=scale).to(torch.bfloat16)
     q = q if q.stride(-1) == 1 else q.contiguous()  # the backward kernels take rows of unit stride
-    return _RingAttention.apply(q, k, v, ring, causal, softmax_scale)
+    return _RingAttention.apply(q, k, v, ring, causal, scale)
 
 
 def shard_sequence(x, *, causal, group=None):
@@ -149,6 +150,9 @@ def _check_shards(q, k, v, causal):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (batch, heads, local_seqlen, head_dim), got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
+        raise TypeError(f"q, k, v must share one dtype and device, got {q.dtype} on {q.device}, {k.dtype} on "
+                        f"{k.device}, {v.dtype} on {v.device}")
     if k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"q, k, v shards must hold the same tokens (k and v one shape), got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}: shard each with shard_sequence")
@@ -157,18 +161,16 @@ def _check_shards(q, k, v, causal):
                          f"{q.shape[2]}: shard_sequence(x, causal=True) of a sequence divisible by 2 x world size")
 
 
-def _check_agreement(ring, q, k, causal, softmax_scale):
-    """Raise on every rank if the ranks disagree on shapes, dtype, causal or softmax_scale."""
-    scale = math.nan if softmax_scale is None else float(softmax_scale)
+def _check_agreement(ring, q, k, causal, scale):
+    """Raise on every rank if the ranks disagree on shapes, dtype, causal or the scale."""
     mine = torch.tensor([*q.shape, *k.shape, zlib.crc32(str(q.dtype).encode()), causal, scale],
                         dtype=torch.float64, device=q.device)
     everyone = [torch.empty_like(mine) for _ in range(ring.size)]
     dist.all_gather(everyone, mine, group=ring.group)
-    differing = [rank for rank, theirs in enumerate(everyone)
-                 if not torch.allclose(theirs, mine, rtol=0, atol=0, equal_nan=True)]
+    differing = [rank for rank, theirs in enumerate(everyone) if not torch.equal(theirs, mine)]
     if differing:
         raise ValueError(f"ring_attention's ranks disagree: rank {ring.rank} has q {tuple(q.shape)}, k "
-                         f"{tuple(k.shape)}, {q.dtype}, causal={causal}, softmax_scale={softmax_scale}, but ranks "
+                         f"{tuple(k.shape)}, {q.dtype}, causal={causal}, softmax_scale={scale}, but ranks "
                          f"{differing} do not: every rank must pass shards of one shape and the same arguments")
 
 
@@ -188,11 +190,10 @@ class _RingAttention(torch.autograd.Function):
     """The ring's forward (merged through the lse) and backward (dK/dV travelling home); saves q, k, v, out, lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ring, causal, softmax_scale):
-        out, lse = _ring_forward(q, k, v, ring, causal, softmax_scale)
+    def forward(ctx, q, k, v, ring, causal, scale):
+        out, lse = _ring_forward(q, k, v, ring, causal, scale)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.causal = ring, causal
-        ctx.scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+        ctx.ring, ctx.causal, ctx.scale = ring, causal, scale
         return out
 
     @staticmethod
@@ -202,7 +203,7 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _ring_forward(q, k, v, ring, causal, softmax_scale):
+def _ring_forward(q, k, v, ring, causal, scale):
     """(out in q's dtype, lse fp32) of this rank's queries over every rank's keys."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
@@ -212,7 +213,7 @@ def _ring_forward(q, k, v, ring, causal, softmax_scale):
             incoming = ring.pass_on(kv)
         rows, keys, step_causal = _step_blocks(ring.rank, ring.source(step), q.shape[2] // 2, causal)
         block_out, block_lse = attention(q[:, :, rows], kv[0, :, :, keys], kv[1, :, :, keys], causal=step_causal,
-                                         softmax_scale=softmax_scale, return_lse=True)
+                                         softmax_scale=scale, return_lse=True)
         _merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
         if step + 1 < ring.size:
             kv = incoming()

@@ -4,6 +4,7 @@ running the kernels in Triton's interpreter; with 2 GPUs (the `gpu` test), one p
 
 import datetime
 import tempfile
+from unittest import mock
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch.multiprocessing as mp
 
 # Spawned ranks import this module, and so conftest, before autoflash: it sets TRITON_INTERPRET without a GPU.
 from conftest import HAS_GPU
+from autoflash import distributed
 from autoflash.distributed import gather_sequence, ring_attention, shard_sequence
 from autoflash.reference import (GRAD_TOLERANCE, TOLERANCE, attention_backward_reference, attention_reference,
                                  relative_error)
@@ -61,8 +63,45 @@ def check_against_reference(cases, device="cpu", group=None):
 def check_two_ranks(cases, device):
     check_against_reference(cases, device)
     alone = [dist.new_group([rank]) for rank in range(dist.get_world_size())]  # rings of one rank each
-    check_against_reference(cases[1:2], device, group=alone[dist.get_rank()])
+    check_against_reference([(1, 4, 2, 32, 16, torch.bfloat16, True)], device, group=alone[dist.get_rank()])
+    check_transfers_overlap_kernels(device)
     check_errors(device)
+
+
+def check_transfers_overlap_kernels(device):
+    """On 2 ranks each pass posts the next transfer before a step's kernel and waits for it after: the forward
+    sends K/V; the backward K/V, and dK/dV after each step's kernel (the last transfer takes them home)."""
+    events = []
+    post = dist.batch_isend_irecv
+
+    class Logged:
+        def __init__(self, request):
+            self.request = request
+
+        def wait(self):
+            if events[-1] != "wait":  # one wait() for the send and the receive of a transfer
+                events.append("wait")
+            return self.request.wait()
+
+    def posted(ops):
+        events.append("post")
+        return [Logged(request) for request in post(ops)]
+
+    def logged(name, run):
+        def call(*args, **kwargs):
+            events.append(name)
+            return run(*args, **kwargs)
+        return call
+
+    with mock.patch.object(distributed.dist, "batch_isend_irecv", posted), \
+            mock.patch.object(distributed, "attention", logged("fwd", distributed.attention)), \
+            mock.patch.object(distributed, "_step_backward", logged("bwd", distributed._step_backward)):
+        q = torch.randn(1, 2, 8, 16, device=device, requires_grad=True)
+        out = ring_attention(q, q, q)
+        forward = list(events)
+        out.backward(torch.ones_like(out))
+    assert forward == ["post", "fwd", "wait", "fwd"], forward
+    assert events[4:] == ["post", "bwd", "post", "wait", "bwd", "wait", "post", "wait"], events[4:]
 
 
 def check_errors(device):
@@ -72,6 +111,10 @@ def check_errors(device):
         shard_sequence(x[:, :, :10], causal=True)
     with pytest.raises(ValueError, match="local_seqlen 3"):
         ring_attention(x[:, :, :3], x[:, :, :3], x[:, :, :3], causal=True)
+    with pytest.raises(TypeError, match="one dtype"):
+        ring_attention(x, x.half(), x.half())
+    with pytest.raises(ValueError, match="softmax_scale must be positive"):
+        ring_attention(x, x, x, softmax_scale=0)
     # Ranks that pass different shapes: found at the group's first call, on every rank.
     pair = dist.new_group([0, 1])
     mine = x[:, :, :8 + 2 * rank]
