@@ -21,7 +21,6 @@ Layouts (dim 2 is the sequence; `shard_sequence` and `gather_sequence` convert):
     a full call of the last C queries on the 2C keys.
 """
 
-import math
 import weakref
 import zlib
 
@@ -205,8 +204,6 @@ class _RingAttention(torch.autograd.Function):
 
 def _ring_forward(q, k, v, ring, causal, scale):
     """(out in q's dtype, lse fp32) of this rank's queries over every rank's keys."""
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
     kv = torch.stack((k, v))  # one message a step
     for step in range(ring.size):
         if step + 1 < ring.size:
@@ -214,20 +211,23 @@ def _ring_forward(q, k, v, ring, causal, scale):
         rows, keys, step_causal = _step_blocks(ring.rank, ring.source(step), q.shape[2] // 2, causal)
         block_out, block_lse = attention(q[:, :, rows], kv[0, :, :, keys], kv[1, :, :, keys], causal=step_causal,
                                          softmax_scale=scale, return_lse=True)
-        _merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
+        if step == 0:
+            # Step 0 (the shard's own keys) covers every row, and every row sees a key there (causal: its own), so
+            # lse is finite from here on: the steps after it add keys to rows, never a row's first.
+            out, lse = block_out.float(), block_lse
+        else:
+            _merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
         if step + 1 < ring.size:
             kv = incoming()
     return out.to(q.dtype), lse
 
 
 def _merge(out, lse, block_out, block_lse):
-    """Fold one step's attention (block_out, block_lse) over some keys into the running fp32 (out, lse) over
-    others, in place: lse' = log(e^lse + e^block_lse), out' = e^(lse - lse') out + e^(block_lse - lse') block_out."""
-    merged = torch.logaddexp(lse, block_lse)
-    # A row that no key has reached on either side keeps lse -inf: shifted by 0 there, its weights are 0, not nan.
-    shift = merged.masked_fill(merged == -math.inf, 0.0)
-    out.mul_((lse - shift).exp_().unsqueeze(-1)).add_(block_out * (block_lse - shift).exp_().unsqueeze(-1))
-    lse.copy_(merged)
+    """Fold one step's attention (block_out, block_lse) over more keys into the running fp32 (out, lse), in place:
+    lse' = log(e^lse + e^block_lse) and out' = out + e^(block_lse - lse') (block_out - out), where
+    e^(block_lse - lse') = sigmoid(block_lse - lse). lse must be finite (a row's first keys are not merged)."""
+    out.add_((block_out - out).mul_(torch.sigmoid(block_lse - lse).unsqueeze(-1)))
+    lse.sub_(torch.nn.functional.logsigmoid(lse - block_lse))
 
 
 def _ring_backward(q, k, v, out, lse, dout, ring, causal, scale):
