@@ -14,7 +14,8 @@ FLOORS = {
     "autoflash.knobs": 2, "autoflash.families": 2,
     "autoflash.codegen": 3, "autoflash.db": 3,
     "autoflash.dispatch": 4, "autoflash.export": 4,
-    "autoflash.api": 5, "autoflash.integrations": 5, "autoflash.tune": 5, "autoflash.bench": 5, "autoflash": 5,
+    "autoflash.api": 5, "autoflash.integrations": 5, "autoflash.distributed": 5, "autoflash.tune": 5,
+    "autoflash.bench": 5, "autoflash": 5,
     "autoflash.cli": 6, "autoflash.__main__": 6,
 }
 
