@@ -53,6 +53,14 @@ class _TorchDtype:
     def __str__(self):
         return f"torch.{self.name}"
 
+    # Triton caches per dtype object: equal by name, so that a new object at a freed one's address is not taken
+    # for it (a bf16 descriptor compiled as an fp16 one, now and then).
+    def __eq__(self, other):
+        return isinstance(other, _TorchDtype) and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
     __repr__ = __str__
 
 
