@@ -55,14 +55,18 @@ def test_runner_classifies_every_failure_and_keeps_going():
         FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=3, exp="exp"),  # wrong output
         FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=4, exp="exp", loads="tma"),  # worker dies
         FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=4, exp="exp"),  # hangs
+        FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=2, exp="exp", loads="tma_host"),  # segfaults
+        FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=3, exp="exp", loads="tma_host"),  # memory runs out
         good,
     ]
     heard = []
     with Runner(interpret=True, trial_timeout=20, loader="faulty_kernels:load") as runner:
         outcomes = runner.run(TINY, variants, on_outcome=lambda knobs, outcome: heard.append(knobs))
-    assert [o.status for o in outcomes] == ["compile_error", "wrong_result", "crashed", "timeout", "ok"]
+    assert [o.status for o in outcomes] == ["compile_error", "wrong_result", "crashed", "timeout", "crashed",
+                                            "out_of_resources", "ok"]
     assert "forced compile failure" in outcomes[0].error and "relative error" in outcomes[1].error
-    assert outcomes[4].median_ms > 0 and sorted(map(str, heard)) == sorted(map(str, variants))
+    assert "exit code -11" in outcomes[4].error and "allocate" in outcomes[5].error
+    assert outcomes[6].median_ms > 0 and sorted(map(str, heard)) == sorted(map(str, variants))
 
 
 def test_failed_variants_are_recorded_and_never_chosen(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import triton
-from sqlalchemy import URL, Integer, case, create_engine, event, func, inspect, select, type_coerce
+from sqlalchemy import URL, Integer, case, create_engine, event, func, inspect, select, type_coerce, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -89,6 +89,13 @@ class Store:
         self.url = as_url(db) if db else default_url()
         self.engine = make_engine(self.url, readonly)
         self._ensure_schema(readonly)
+
+    @_store_errors
+    def check_writable(self) -> None:
+        """Commit one write now (the schema version row, unchanged): a read-only file or folder, a full disk or a
+        read-only account is a StoreError here, before any tuning starts, not after the first trial."""
+        with self.engine.begin() as connection:
+            connection.execute(update(SchemaVersion).values(version=SchemaVersion.version))
 
     def close(self) -> None:
         """Close the database's connections (the store opens new ones if used again)."""
