@@ -1,7 +1,8 @@
 """Search strategy: a function over a space and an objective. It knows nothing of SQL or Triton.
 
 The space maps names to choices; `evaluate` takes a batch of points and returns each one's cost
-(None where the point failed); it may answer a point seen before from its own memory.
+(None where the point failed, NOT_RUN where it was not evaluated and the search should end: other
+processes evaluate the rest of the study's trials); it may answer a point seen before from its own memory.
 Optuna proposes the points; invalid points are told to Optuna as pruned without being evaluated,
 so that TPE learns to avoid them, and so are failed points. Knobs whose choices are numbers are
 searched as ordinals (the index into their choices), so that TPE sees 64 next to 128.
@@ -17,6 +18,7 @@ import optuna
 from autoflash.tune import SAMPLERS
 
 Point = dict[str, object]
+NOT_RUN = object()  # evaluate's answer for a point it did not evaluate
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -61,15 +63,11 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
             break
         size = min(batch_size, n_trials - len(values))
         if grid is not None:  # the first points of the grid not yet evaluated, whatever earlier runs left undone
-            points = [p for p in grid if _key(p) not in values][:size]
-            if not points:
+            batch, repeats = [(None, p) for p in grid if _key(p) not in values][:size], []
+            if not batch:
                 break
-            for point, value in zip(points, evaluate(points)):
-                values[_key(point)] = value
-                _add_evaluated(study, space, point, value)
-                on_trial(point, value)
-            continue
-        batch, repeats = _ask_batch(study, space, is_valid, values, size)
+        else:
+            batch, repeats = _ask_batch(study, space, is_valid, values, size)
         if not batch:  # the sampler proposes only known points: explore unseen ones at random
             unseen = [p for p in valid_points(space, is_valid) if _key(p) not in values]
             if not unseen:
@@ -79,11 +77,23 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
             batch, repeats = _ask_batch(study, space, is_valid, values, size)
         costs = evaluate([point for _, point in batch])
         for (trial, point), value in zip(batch, costs):
+            if value is NOT_RUN:
+                if trial is not None:
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
             values[_key(point)] = value
-            _tell(study, trial, value)
+            if trial is None:
+                _add_evaluated(study, space, point, value)
+            else:
+                _tell(study, trial, value)
             on_trial(point, value)
         for trial, key in repeats:
-            _tell(study, trial, values[key])
+            if key in values:
+                _tell(study, trial, values[key])
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if any(value is NOT_RUN for value in costs):
+            break
     return study
 
 
