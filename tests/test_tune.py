@@ -1,4 +1,5 @@
-"""The tuner end to end under Triton's interpreter: trials recorded, failures classified, resumes, concurrency."""
+"""The tuner end to end under Triton's interpreter: trials recorded, failures classified, resumes (concurrency and
+faults: tests/reliability/)."""
 
 import signal
 import subprocess
@@ -108,20 +109,6 @@ def test_interrupted_run_resumes_without_redoing_trials(tmp_path):
     store = Store(url)
     assert store.count_trials() == 10, "the second run should add only the missing trials"
     assert len(store.finished("interpreter", TINY, codegen.template_fingerprint("tl"))) == 10
-
-
-def test_two_processes_on_one_sqlite_file_lose_no_rows(tmp_path):
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
-    procs = []
-    for i, causal in enumerate(("false", "true")):
-        shapes = shapes_file(tmp_path, f"  - {{batch: 1, heads_q: 2, seqlen_q: 40, head_dim: 32, causal: {causal}}}\n",
-                             name=f"s{i}.yaml")
-        procs.append(subprocess.Popen(tune_command("--shapes", shapes, "--trials", "5", "--db", url, "--seed", str(i)),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err
-    assert Store(url).count_trials() == 10
 
 
 def test_database_of_another_schema_version_is_refused(tmp_path):

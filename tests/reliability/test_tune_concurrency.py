@@ -7,14 +7,19 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from autoflash import codegen
+from autoflash.db import store as stores
 from autoflash.db.models import ClaimRow, ProblemRow, TrialRow, VariantRow
 from autoflash.db.store import Store
+from autoflash.gpu import INTERPRETER
+from autoflash.problem import Problem
 from tuning import OTHER_PROBLEM, ONE_PROBLEM, assert_sound, problems_file, start, tune_command
 
 TRIALS = 4
@@ -23,7 +28,8 @@ TRIALS = 4
 def tune_four_at_once(tmp_path, db: str) -> None:
     """Three tuners on ONE_PROBLEM (one seed: they propose the same variants, in the same order) and one on
     OTHER_PROBLEM, all at once."""
-    same, other = problems_file(tmp_path, ONE_PROBLEM, "same.yaml"), problems_file(tmp_path, OTHER_PROBLEM, "other.yaml")
+    same = problems_file(tmp_path, ONE_PROBLEM, "same.yaml")
+    other = problems_file(tmp_path, OTHER_PROBLEM, "other.yaml")
     procs = [start(tune_command(shapes, db, "--trials", str(TRIALS), "--seed", "0"))
              for shapes in (same, same, same, other)]
     for proc in procs:
@@ -48,6 +54,30 @@ def assert_exact(timed: dict[str, list[str]]) -> None:
     assert len(timed) == 2 and all(len(knobs) == TRIALS for knobs in timed.values()), \
         {key: len(knobs) for key, knobs in timed.items()}
     assert all(len(set(knobs)) == len(knobs) for knobs in timed.values()), "a variant was timed twice"
+
+
+def test_claims_keep_tuners_off_each_others_variants_and_within_the_trials(tmp_path):
+    store, problem = Store(str(tmp_path / "claims.db")), Problem(1, 1, 1, 16, 16, 16, True, "float16")
+    fingerprint = codegen.template_fingerprint("tl")
+    k0, k1, k2, k3 = (f'{{"block_m": {m}}}' for m in (16, 32, 64, 128))
+
+    def claim(limit):
+        return store.claim(INTERPRETER, problem, fingerprint, "fwd", [k0, k1, k2, k3], limit)
+    assert claim(2) == ([k0, k1], [])
+    store.record_trial(INTERPRETER, problem, k0, fingerprint, "ok", 1.0)  # its claim goes with it
+    store.release_claims()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with Session(store.engine) as s:  # k1: a live tuner here; k2: a killed one here; k3: another host's, long ago
+        here = stores._host()
+        for knobs, host, pid, age in ((k1, here, 1, timedelta(0)), (k2, here, gone.pid, timedelta(0)),
+                                      (k3, "elsewhere", 1, stores.CLAIM_EXPIRY * 2)):
+            s.add(ClaimRow(gpu_family="interpreter", problem_id=store._problem(s, problem).id,
+                           variant_id=store._variant(s, knobs, fingerprint, "fwd").id, host=host, pid=pid,
+                           created_at=stores._now() - age))
+        s.commit()
+    assert claim(3) == ([k2], [k1]), "one trial and one live claim leave one of three to take"
+    assert claim(4) == ([k3], [k1, k2])
 
 
 def test_four_tuners_on_one_sqlite_file(tmp_path):

@@ -7,9 +7,7 @@ import signal
 import subprocess
 import time
 
-import pytest
-
-from tuning import assert_sound, problems_file, start, trial_rows, tune_command, wait_for_rows, winners
+from tuning import assert_sound, problems_file, start, tune_command, wait_for_rows, winners
 
 TRIALS, PROBLEMS = 4, 2
 # The grid sampler proposes the same variants in the same order in every run: a resumed run must time exactly
@@ -17,37 +15,33 @@ TRIALS, PROBLEMS = 4, 2
 OPTIONS = ("--sampler", "grid", "--trials", str(TRIALS))
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> list[tuple]:
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    db = folder / "tune.db"
-    subprocess.run(tune_command(problems_file(folder), str(db), *OPTIONS), check=True, capture_output=True,
-                   timeout=600)
-    return assert_sound(db)
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_killed_and_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path, seed, uninterrupted):
-    rng = random.Random(seed)
-    db = tmp_path / "tune.db"
-    command = tune_command(problems_file(tmp_path), str(db), *OPTIONS)
-    rows = []
-    for fault in rng.sample([signal.SIGKILL, signal.SIGINT], 2):
-        proc = start(command)
-        if rng.random() < 0.3:  # anywhere: importing, opening the database, starting workers, searching
-            time.sleep(rng.uniform(0, 12))
-        else:  # after a random count of finished trials: between trials, or in the middle of one
-            wait_for_rows(db, rng.randint(len(rows), TRIALS * PROBLEMS - 1), proc)
-            time.sleep(rng.uniform(0, 1))
-        proc.send_signal(fault)
-        _, err = proc.communicate(timeout=120)
-        if fault == signal.SIGINT and proc.returncode == 130:
-            assert "run the same command to resume" in err, err[-2000:]
-        before, rows = rows, assert_sound(db) if db.exists() else []
-        assert set(before) <= set(rows), f"trials lost to {fault.name}: {set(before) - set(rows)}"
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    final = assert_sound(db)
-    assert set(rows) <= set(final) and len(final) == TRIALS * PROBLEMS
-    assert sorted(r[1:] for r in final) == sorted(r[1:] for r in uninterrupted), "other variants were timed"
-    assert winners(final) == winners(uninterrupted) and len(winners(final)) == PROBLEMS
+def test_killed_and_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path):
+    problems = problems_file(tmp_path)
+    reference = tmp_path / "uninterrupted.db"
+    subprocess.run(tune_command(problems, str(reference), *OPTIONS), check=True, capture_output=True, timeout=600)
+    uninterrupted = assert_sound(reference)
+    for seed in range(3):  # one run killed and one interrupted per seed, in an order and at points it draws
+        rng = random.Random(seed)
+        db = tmp_path / f"seed{seed}.db"
+        command = tune_command(problems, str(db), *OPTIONS)
+        rows = []
+        for fault in rng.sample([signal.SIGKILL, signal.SIGINT], 2):
+            proc = start(command)
+            if rng.random() < 0.3:  # anywhere: importing, opening the database, starting workers, searching
+                time.sleep(rng.uniform(0, 12))
+            else:  # after a random count of finished trials: between trials, or in the middle of one
+                wait_for_rows(db, rng.randint(len(rows), TRIALS * PROBLEMS - 1), proc)
+                time.sleep(rng.uniform(0, 1))
+            proc.send_signal(fault)
+            _, err = proc.communicate(timeout=120)
+            if fault == signal.SIGINT and proc.returncode == 130:
+                assert "run the same command to resume" in err, err[-2000:]
+            before, rows = rows, assert_sound(db) if db.exists() else []
+            assert set(before) <= set(rows), f"seed {seed}: trials lost to {fault.name}: {set(before) - set(rows)}"
+        resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        final = assert_sound(db)
+        assert set(rows) <= set(final) and len(final) == TRIALS * PROBLEMS, f"seed {seed}: {len(final)} trials"
+        assert sorted(r[1:] for r in final) == sorted(r[1:] for r in uninterrupted), \
+            f"seed {seed}: the resumed run timed other variants"
+        assert winners(final) == winners(uninterrupted) and len(winners(final)) == PROBLEMS, f"seed {seed}"
