@@ -47,7 +47,7 @@ def test_killed_and_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path
         if rng.random() < 0.3:  # anywhere: importing, opening the database, starting workers, searching
             time.sleep(rng.uniform(0, 12))
         else:  # after a random count of finished trials: between trials, or in the middle of one
-            wait_for_rows(db, rng.randint(len(rows), TRIALS * PROBLEMS - 1), proc)
+            wait_for_rows(db, rng.randint(min(len(rows), TRIALS * PROBLEMS - 1), TRIALS * PROBLEMS - 1), proc)
             time.sleep(rng.uniform(0, 1))
         proc.send_signal(fault)
         _, err = proc.communicate(timeout=120)
