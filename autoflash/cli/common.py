@@ -1,6 +1,18 @@
 """Options and helpers shared by the commands."""
 
+import os
+
 import click
+
+DEBUG_ENV = "AUTOFLASH_DEBUG"
+
+
+def one_line(error: BaseException, message: str | None = None) -> click.ClickException:
+    """`error` as click's one-line error (`message`, else its text); with AUTOFLASH_DEBUG=1 it is raised as it is,
+    traceback and all."""
+    if os.environ.get(DEBUG_ENV) == "1":
+        raise error
+    return click.ClickException(message or str(error))
 
 
 def resolve_gpu(gpu_name: str | None):
@@ -23,15 +35,19 @@ def require_extra(extra: str, *modules: str) -> None:
 
 
 def open_store(db: str | None, readonly: bool = False):
-    """The store of --db (a URL or a SQLite file path; default $AUTOFLASH_DB, else the per-user file)."""
+    """The store of --db (a URL or a SQLite file path; default $AUTOFLASH_DB, else the per-user file); unless
+    `readonly`, one that takes a write now (not a read-only or full one)."""
     require_extra("tune", "sqlalchemy")
     from autoflash.db.base import StoreError
     from autoflash.db.store import Store
 
     try:
-        return Store(db, readonly=readonly)
+        store = Store(db, readonly=readonly)
+        if not readonly:
+            store.check_writable()
+        return store
     except StoreError as e:
-        raise click.ClickException(str(e)) from e
+        raise one_line(e) from e
 
 
 def problems_of(shapes_file: str):
