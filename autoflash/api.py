@@ -3,18 +3,17 @@
 jit kernels (rendered from templates/<family>/) -> their plans (`forward_plan`, `backward_plan` of a
 `codegen.Variant`, from the family's launcher: compiled once, then started directly, autoflash/launch.py)
 -> `_Attention`, an autograd.Function -> `attention`, which checks inputs and chooses the variants
-(autoflash/dispatch.py) once per call signature."""
+(autoflash/dispatch.py) once per call signature. `attention_forward` and `attention_backward` run the same plans
+outside autograd: they are the kernels of the custom ops that torch.compile traces
+(autoflash/integrations/torch_ops.py) and of SDPA's flash ops (autoflash/integrations/sdpa.py)."""
 
-import math
-import numbers
+from typing import Callable, NamedTuple
 
 import torch
 
-from autoflash import codegen, gpu as gpus
+from autoflash import checks, codegen, gpu as gpus
 from autoflash.dispatch import Dispatcher
-from autoflash.problem import DTYPES, Problem
-
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+from autoflash.problem import Problem
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, deterministic=False, out=None):
@@ -48,19 +47,32 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, de
         out, shaped and laid out like q (or the given out); with return_lse, (out, lse) where lse is
         float32 (batch, heads_q, seqlen_q), natural log.
     """
-    try:
-        addresses = _addresses(q, k, v, out)
-        key = _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic)
-        run = _plans.get(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan raises what is wrong
-        key, run = None, None
-    if run is None:
-        run = _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
-        if key is not None:
-            if len(_plans) >= _MAX_PLANS:
-                _plans.clear()
-            _plans[key] = run
-    return run(q, k, v, out, addresses)
+    if torch.compiler.is_compiling():
+        return _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out)
+    plan, addresses = _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
+    return plan.run(q, k, v, out, addresses)
+
+
+def attention_forward(q, k, v, causal, softmax_scale, deterministic):
+    """(out, lse) of `attention(q, k, v, causal=..., softmax_scale=..., return_lse=True, deterministic=...)`,
+    never recorded by autograd; q, k, v must have last stride 1 (as `_checked` leaves them)."""
+    return _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic)[0].forward(q, k, v)
+
+
+def attention_backward(dout, q, k, v, out, lse, dlse, causal, softmax_scale, deterministic):
+    """(dq, dk, dv) of the call `attention_forward(q, k, v, causal, softmax_scale, deterministic)` that returned
+    out and lse, given dout and dlse (None: lse was not used); dq, dk, dv are laid out like q, k, v."""
+    plan = _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic)[0]
+    return plan.backward(q, k, v, out, lse, dout, dlse)
+
+
+class _Plan(NamedTuple):
+    """What one call signature runs: `run(q, k, v, out, addresses)` is attention's call (addresses as
+    `checks.addresses` gives them); `forward(q, k, v) -> (out, lse)` and
+    `backward(q, k, v, out, lse, dout, dlse) -> (dq, dk, dv)` run outside autograd, on q, k, v of last stride 1."""
+    run: Callable
+    forward: Callable
+    backward: Callable
 
 
 # The hot path: a call whose shapes, strides, dtypes, devices, alignment and arguments were seen
@@ -69,11 +81,32 @@ _plans: dict = {}
 _MAX_PLANS = 4096
 
 
-def _addresses(q, k, v, out) -> tuple:
-    """The data pointers of q, k, v (and out), read once per call: for the key's alignment and out's overlap check."""
-    if out is None:
-        return q.data_ptr(), k.data_ptr(), v.data_ptr()
-    return q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+def _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> tuple[_Plan, tuple]:
+    """The plan of this call signature, made at its first call, and the call's addresses."""
+    try:
+        addresses = checks.addresses(q, k, v, out)
+        key = _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic)
+        plan = _plans.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan raises what is wrong
+        key, plan = None, None
+    if plan is None:
+        plan = _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
+        if key is not None:
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    return plan, addresses
+
+
+def _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out):
+    """attention as torch.compile traces it: one custom op, autoflash::attention_forward, whose autograd
+    formula is autoflash::attention_backward (autoflash/integrations/torch_ops.py registers both)."""
+    if out is not None:
+        raise ValueError("attention(..., out=...) is not supported under torch.compile: leave out=None "
+                         "(the compiled graph allocates and reuses its own buffers)")
+    q, k, v = _checked(q, k, v)
+    out, lse = torch.ops.autoflash.attention_forward(q, k, v, causal, softmax_scale, deterministic)
+    return (out, lse) if return_lse else out
 
 
 def _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic) -> tuple:
@@ -88,21 +121,19 @@ def _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, determ
     return key + (out.shape, out.stride(), out.dtype, out.get_device(), addresses[3] & 15)
 
 
-def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
+def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> _Plan:
     """Check the inputs and compile the forward kernel once (the backward's at the first backward);
-    return what runs every such call: run(q, k, v, out, addresses), addresses as _addresses gives them."""
+    return what runs every such call."""
     q_checked, k_checked, v_checked = _checked(q, k, v)
     copies = tuple(t.stride(-1) != 1 for t in (q, k, v))
     needs_copy = any(copies)
-    for name, flag in (("causal", causal), ("return_lse", return_lse), ("deterministic", deterministic)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
-    check_out = None if out is None else _out_checker(q, k, v, _checked_out(out, q_checked))
-    scale = _scale(softmax_scale, q.shape[-1])
+    checks.check_flags(causal=causal, return_lse=return_lse, deterministic=deterministic)
+    check_out = None if out is None else checks.out_checker(q, k, v, checks.checked_out(out, q_checked))
+    scale = checks.scale_of(softmax_scale, q.shape[-1])
     if q.dtype == torch.bfloat16 and gpus.interpreting():
         return _in_float32(check_out, causal, softmax_scale, return_lse, deterministic)
     forward = training_forward = _no_launch
-    backward = None
+    launch_backward = None
     if q.numel():
         problem = Problem.from_tensors(q_checked, k_checked, causal)
         gpu = gpus.current(q.device)
@@ -114,8 +145,23 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
         forward = variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, causal)
         training_forward = forward if return_lse else _built_at_first_call(
             lambda q, k, v, out, lse: variant.forward_plan(q, k, v, out, lse, scale, causal))
-        backward = _built_at_first_call(lambda *args: _backward_launcher(
+        launch_backward = _built_at_first_call(lambda *args: _backward_launcher(
             codegen.load(DISPATCHER.for_call(problem, gpu, "bwd", tensors, deterministic).knobs), scale, causal))
+
+    def forward_with_lse(q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        training_forward(q, k, v, out, lse)
+        return out, lse
+
+    def backward(q, k, v, out, lse, dout, dlse):
+        if launch_backward is None:  # no query rows: nothing flows back
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
+        dlse = None if dlse is None else dlse.contiguous()
+        launch_backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)
+        return dq, dk, dv
 
     def run(q, k, v, out, addresses):
         if out is not None:
@@ -124,7 +170,7 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
             q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
         if out is None:
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                out, lse = _Attention.apply(q, k, v, training_forward, backward)
+                out, lse = _Attention.apply(q, k, v, plan)
                 return (out, lse) if return_lse else out
             out = torch.empty_like(q)
         if return_lse:
@@ -133,12 +179,13 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic):
             return out, lse
         forward(q, k, v, out, None)
         return out
-    return run
+    plan = _Plan(run, forward_with_lse, backward)
+    return plan
 
 
-def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic):
-    """run(q, k, v, out, addresses) for bfloat16 under Triton's interpreter, whose tl.dot on bfloat16 is wrong
-    (Triton 3.9): attention of float32 copies, cast back to bfloat16 (lse stays float32). Differentiable through
+def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic) -> _Plan:
+    """The plan for bfloat16 under Triton's interpreter, whose tl.dot on bfloat16 is wrong (Triton 3.9):
+    attention of float32 copies, cast back to bfloat16 (lse stays float32). `run` is differentiable through
     the casts: gradients flow back as bfloat16. `out` is filled by a copy."""
     def run(q, k, v, out, addresses):
         if out is not None:
@@ -148,7 +195,17 @@ def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic):
         result_out, lse = result if return_lse else (result, None)
         result_out = result_out.to(torch.bfloat16) if out is None else out.copy_(result_out)
         return (result_out, lse) if return_lse else result_out
-    return run
+
+    def forward(q, k, v):
+        out, lse = attention_forward(q.float(), k.float(), v.float(), causal, softmax_scale, deterministic)
+        return out.to(torch.bfloat16), lse
+
+    def backward(q, k, v, out, lse, dout, dlse):
+        dout = None if dout is None else dout.float()
+        grads = attention_backward(dout, q.float(), k.float(), v.float(), out.float(), lse, dlse, causal,
+                                   softmax_scale, deterministic)
+        return tuple(g.to(torch.bfloat16) for g in grads)
+    return _Plan(run, forward, backward)
 
 
 def _no_launch(q, k, v, out, lse):
@@ -183,28 +240,19 @@ def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool):
 
 
 class _Attention(torch.autograd.Function):
-    """Forward and backward launches of one call signature's variants; saves q, k, v, out and lse."""
+    """Forward and backward of one call signature's plan; saves q, k, v, out and lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, forward, backward):
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        forward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, plan):
+        out, lse = plan.forward(q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.launch_backward = backward
+        ctx.plan = plan
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if ctx.launch_backward is None:  # no query rows: nothing flows back
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
-        dlse = None if dlse is None else dlse.contiguous()
-        ctx.launch_backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)
-        return dq, dk, dv, None, None
+        return *ctx.plan.backward(*ctx.saved_tensors, dout, dlse), None
 
 
 DISPATCHER = Dispatcher()
@@ -232,106 +280,14 @@ def explain(q, k, v, *, causal=False, deterministic=False) -> str:
     return "\n".join(lines)
 
 
-def _scale(softmax_scale, head_dim: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    # Any real number (numpy scalars included), but not a bool, a string or a tensor.
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
-    try:
-        scale = float(softmax_scale)
-    except OverflowError:  # an int too large for a float
-        scale = math.inf
-    if not (math.isfinite(scale) and scale > 0):
-        # The kernels mask scores to -inf before scaling them: a scale of 0 or below would turn masks into nan or +inf.
-        raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
-    return scale
-
-
 def _checked(q, k, v):
-    """Validate q, k, v and return them with unit last stride."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}; "
-                             "for (batch, seqlen, heads, head_dim) tensors pass t.transpose(1, 2)")
-        if t.dtype not in DTYPES.values():
-            raise TypeError(f"{name} has dtype {t.dtype}; autoflash supports float16, bfloat16 and float32")
-    if not q.dtype == k.dtype == v.dtype:
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}: cast them with .to()")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    """Validate q, k, v (autoflash/checks.py) and where they run; return them with unit last stride."""
+    q, k, v = checks.checked(q, k, v)
     if q.device.type == "cpu" and not gpus.interpreting():
-        raise ValueError("q, k, v are on the CPU: move them to a CUDA GPU, or set TRITON_INTERPRET=1 "
-                         "to run the kernels in Triton's (slow) interpreter")
-    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
-        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
-    if not q.shape[3] == k.shape[3] == v.shape[3]:
-        raise ValueError(f"head dims differ: q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]}")
-    if k.shape[1:3] != v.shape[1:3]:
-        raise ValueError(f"k and v must have the same heads and length, got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"heads_q ({q.shape[1]}) must be a multiple of heads_kv ({k.shape[1]}) for GQA/MQA")
-    if k.shape[2] == 0:
-        raise ValueError("k and v hold no keys (seqlen_k = 0): attention needs at least one")
-    if not MIN_HEAD_DIM <= q.shape[3] <= MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {q.shape[3]} is outside the supported {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
-    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-
-
-def _checked_out(out, q):
-    """`out` if it is a valid output for q (shape, dtype, device, layout), else the error that says why."""
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
-    if out.shape != q.shape:
-        raise ValueError(f"out must be shaped like q, {tuple(q.shape)}, got {tuple(out.shape)}")
-    if out.dtype != q.dtype or out.device != q.device:
-        raise TypeError(f"out must have q's dtype and device ({q.dtype} on {q.device}), "
-                        f"got {out.dtype} on {out.device}")
-    if out.stride(-1) != 1:
-        raise ValueError(f"out must have last stride 1, got strides {out.stride()}: pass a contiguous tensor "
-                         "or a .transpose(1, 2) view of one")
-    if _overlaps_itself(out):
-        raise ValueError(f"out has elements that share memory (shape {tuple(out.shape)}, strides {out.stride()}; "
-                         "an expanded view?): pass a tensor of its own, such as torch.empty_like(q)")
-    return out
-
-
-def _overlaps_itself(t) -> bool:
-    """Whether two elements of `t` may share memory: sorted by stride, each dimension's stride must step past
-    everything the smaller ones reach (exact for every layout torch makes by views, transposes and slicing)."""
-    reach = 0
-    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
-        if stride <= reach:
-            return True
-        reach += (size - 1) * stride
-    return False
-
-
-def _byte_span(t) -> int:
-    """Bytes from t's first element to just past its last (strides are never negative in torch)."""
-    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size() if t.numel() else 0
-
-
-def _out_checker(q, k, v, out):
-    """check(q, k, v, out, addresses), run by every call into `out` of one signature: it refuses an out that
-    requires grad, or shares bytes with q, k or v (the kernel would overwrite what it still reads), and a call
-    that needs gradients. The byte spans follow from the signature's shapes and strides: per call, the check
-    compares the call's pointers (read once for the key too) with a few integer operations."""
-    q_span, k_span, v_span, out_span = (_byte_span(t) for t in (q, k, v, out))
-
-    def check(q, k, v, out, addresses):
-        if out.requires_grad:
-            raise ValueError("out requires grad, and attention writes into it in place: pass a tensor that does "
-                             "not, such as torch.empty_like(q)")
-        q_at, k_at, v_at, start = addresses
-        end = start + out_span  # [start, end) meets [t_at, t_at + span) when start - span < t_at < end
-        if start - q_span < q_at < end or start - k_span < k_at < end or start - v_span < v_at < end:
-            name = "q" if start - q_span < q_at < end else "k" if start - k_span < k_at < end else "v"
-            raise ValueError(f"out overlaps {name} in memory, and the kernel would overwrite {name} while reading "
-                             "it: pass a separate output tensor, such as torch.empty_like(q)")
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            raise RuntimeError("attention(..., out=...) is not differentiable, and q, k or v requires grad: "
-                               "leave out=None, or call under torch.no_grad()")
-    return check
+        raise ValueError("q, k, v are on the CPU: move them to a CUDA GPU, or set TRITON_INTERPRET=1 before "
+                         "importing autoflash to run the kernels in Triton's (slow) interpreter")
+    if gpus.interpreting() and not gpus.triton_interprets():
+        raise RuntimeError("TRITON_INTERPRET=1 was set after Triton was imported (import autoflash imports it), and "
+                           "Triton reads it at import: set it before, in the shell (TRITON_INTERPRET=1 python ...) "
+                           "or with os.environ at the top of the script, before any import of autoflash or triton")
+    return q, k, v

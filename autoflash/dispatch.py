@@ -121,7 +121,10 @@ class Dispatcher:
         key = (problem, gpu, direction)
         chosen = self._choices.get(key)
         if chosen is None:
-            chosen = choose(problem, gpu, self.sources(gpu.family, direction), direction)
+            sources = self.sources(gpu.family, direction)
+            if gpu.family != "interpreter" and not any(records for _, records in sources):
+                _notice_untuned(gpu, direction)
+            chosen = choose(problem, gpu, sources, direction)
             fitted = families.of(chosen.knobs).fit(chosen.knobs, problem, gpu)
             chosen = replace(chosen, knobs=fitted) if fitted is not None else \
                 _default(problem, gpu, direction, f"{chosen.reason}, whose family cannot run it")
@@ -137,6 +140,19 @@ class Dispatcher:
             chosen = _default(problem, gpu, direction, f"{chosen.reason}; {note}")
             knobs, note = families.of(chosen.knobs).for_call(chosen.knobs, tensors=tensors, deterministic=deterministic)
         return replace(chosen, knobs=knobs, reason=f"{chosen.reason}; {note}") if note else chosen
+
+
+_noticed: set[tuple[str, str]] = set()
+
+
+def _notice_untuned(gpu: Gpu, direction: str) -> None:
+    """Once per process, GPU family and direction: no database holds a tuned kernel for this GPU."""
+    if (gpu.family, direction) not in _noticed:
+        _noticed.add((gpu.family, direction))
+        what = "forward" if direction == "fwd" else "backward"
+        warnings.warn(f"autoflash has no tuned {what} kernels for {gpu.name} (GPU family '{gpu.family}'): it runs "
+                      f"heuristic defaults. `autoflash tune --shapes your_shapes.yaml` tunes yours on this GPU.",
+                      stacklevel=4)
 
 
 def _default(problem: Problem, gpu: Gpu, direction: str, why: str) -> Choice:

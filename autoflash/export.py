@@ -2,14 +2,15 @@
 
 The package holds one rendered kernel file per variant (its header names the knobs, the template
 fingerprint, the versions and the measured TFLOP/s), a copy of each family's launcher and of the
-compile-once launch (autoflash/launch.py), and an `__init__.py` with a lookup table and a differentiable
-`attention(q, k, v, causal=False, softmax_scale=None)` for the exported problems.
+compile-once launch (autoflash/launch.py) and of the argument checks (autoflash/checks.py), and an `__init__.py`
+with a lookup table and a differentiable `attention` for the exported problems, called and checked as
+autoflash.attention is (causal, softmax_scale, return_lse, deterministic, out).
 """
 
 import shutil
 from pathlib import Path
 
-from autoflash import codegen, launch
+from autoflash import checks, codegen, launch
 from autoflash.dispatch import Choice
 from autoflash.problem import Problem
 from autoflash.resources import launcher_path
@@ -17,26 +18,28 @@ from autoflash.resources import launcher_path
 
 def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str) -> Path:
     """Write the package to `out` (created; files of an earlier export there are replaced).
-    `choices` maps each problem to its chosen variant per direction ("fwd", "bwd")."""
+    `choices` maps each problem to its chosen variant per kind: "fwd", "bwd" and "bwd_deterministic" (the
+    backward of deterministic=True)."""
     out.mkdir(parents=True, exist_ok=True)
     rows, used = [], set()
-    for problem, per_direction in choices.items():
+    for problem, per_kind in choices.items():
         variants = {}
-        for direction, choice in per_direction.items():
+        for kind, choice in per_kind.items():
             module = f"variant_{codegen.kernel_key(choice.knobs)}"
             tflops = round(choice.tuned.tflops, 1) if choice.tuned and choice.tuned.problem == problem else None
             header = (f"gpu family: {gpu_family}",
-                      f"chosen for: {problem.key()} {direction} ({choice.reason}; source {choice.source})",
+                      f"chosen for: {problem.key()} {kind} ({choice.reason}; source {choice.source})",
                       f"measured: {'not measured on this exact problem' if tflops is None else f'{tflops} TFLOP/s'}")
             (out / f"{module}.py").write_text(codegen.render(choice.knobs, extra_header=header))
-            variants[direction] = (module, choice.knobs.family, choice.knobs.as_point(), tflops)
-            used.add((choice.knobs.family, direction))
+            variants[kind] = (module, choice.knobs.family, choice.knobs.as_point(), tflops)
+            used.add((choice.knobs.family, choice.knobs.DIRECTION))
         key = (problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k, problem.head_dim,
                problem.causal, problem.dtype)
         rows.append(dict(key=repr(key), variants=repr(variants)))
     for family in sorted({family for family, _ in used}):
         shutil.copyfile(launcher_path(family), out / f"launch_{family}.py")
     shutil.copyfile(launch.__file__, out / "_launch.py")
+    shutil.copyfile(checks.__file__, out / "_checks.py")
     fingerprints = ", ".join(f"{d} {f} {codegen.template_fingerprint(f, d)}" for f, d in sorted(used))
     (out / "__init__.py").write_text(codegen.render_template(
         "export/package.py.jinja", ROWS=rows, GPU=gpu_family, FINGERPRINTS=fingerprints))

@@ -57,20 +57,40 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def family_of(device_name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100'; unknown names become a lower-case slug."""
+def triton_interprets() -> bool:
+    """Whether Triton was imported for its interpreter. It reads TRITON_INTERPRET once for its own library
+    functions (tl.max, tl.sum, ...), when it is imported: set later, the variable reaches only the kernels
+    compiled after it, which then fail calling the library ("Cannot call @triton.jit'd outside of the scope of
+    a kernel")."""
+    from triton.language import standard
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(standard.zeros, JITFunction)
+
+
+def family_of(device_name: str, multiprocessors: int | None = None) -> str:
+    """The family results are filed under: what changes the winners, not only the chip. 'NVIDIA H100 80GB HBM3'
+    -> 'h100'; its PCIe and NVL boards -> 'h100-pcie', 'h100-nvl' (fewer SMs, other memory and clocks); a board
+    of a known family with another SM count gets it appended ('h100-114sm'); unknown names become a lower-case
+    slug."""
     known = re.search(r"\b([ABHLV]\d{2,3}|GH200|GB200|B200|RTX ?\d{4})\b", device_name, re.IGNORECASE)
-    if known:
-        return known.group(1).replace(" ", "").lower()
-    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    if not known:
+        return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    family = known.group(1).replace(" ", "").lower()
+    board = re.search(r"\b(PCIe|NVL)\b", device_name, re.IGNORECASE)
+    if board:
+        return f"{family}-{board.group(1).lower()}"
+    if multiprocessors is not None and family in KNOWN and multiprocessors != KNOWN[family].multiprocessors:
+        return f"{family}-{multiprocessors}sm"
+    return family
 
 
 @lru_cache(maxsize=None)
 def _cuda_gpu(index: int) -> Gpu:
     props = torch.cuda.get_device_properties(index)
     smem = getattr(props, "shared_memory_per_block_optin", 0) or 49152
-    return Gpu(family_of(props.name), props.name, (props.major, props.minor), props.multi_processor_count,
-               smem, getattr(props, "regs_per_multiprocessor", 65536))
+    return Gpu(family_of(props.name, props.multi_processor_count), props.name, (props.major, props.minor),
+               props.multi_processor_count, smem, getattr(props, "regs_per_multiprocessor", 65536))
 
 
 def current(device: torch.device | None = None) -> Gpu:

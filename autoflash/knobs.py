@@ -11,7 +11,6 @@ import json
 from dataclasses import asdict, field, fields
 from typing import ClassVar
 
-import triton
 
 
 def knob(default, choices, doc, searched=None):
@@ -77,9 +76,19 @@ def family_knob(name: str, doc: str):
     return knob(name, (name,), doc)
 
 
+# triton.next_power_of_2 and triton.cdiv in plain Python: Triton's are ConstexprFunctions (~5 µs a call), and
+# enumerating a search space asks them hundreds of thousands of times.
+def next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def head_dim_pad(head_dim: int) -> int:
     """Tiles span the head dim padded to a power of two (tl.arange and tl.dot need one; at least 16)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 # CUDA launches at most 65535 blocks along a grid's y axis (x allows 2^31 - 1).

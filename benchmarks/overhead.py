@@ -23,7 +23,7 @@ import torch
 import triton
 
 import autoflash
-from autoflash import api, codegen, gpu as gpus
+from autoflash import api, checks, codegen, gpu as gpus
 from autoflash.problem import Problem
 
 
@@ -85,7 +85,7 @@ def main():
                                                compile=triton_binding)
 
     def call_key():  # the pointers are read for the key (and out's overlap check)
-        return api._call_key(q, k, v, None, api._addresses(q, k, v, None), False, None, False, False)
+        return api._call_key(q, k, v, None, checks.addresses(q, k, v, None), False, None, False, False)
 
     fns = dict(
         attention_into_out=lambda: autoflash.attention(q, k, v, out=out),

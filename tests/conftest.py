@@ -16,6 +16,9 @@ DEVICE = "cuda" if HAS_GPU else "cpu"
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # `-m reliability` runs tests/reliability/ alone
+        if item.path.parent.name == "reliability":
+            item.add_marker(pytest.mark.reliability)
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -3,8 +3,12 @@
 Used as `loader="faulty_kernels:load"` (tests/ is on the workers' path); every other variant is real.
 """
 
+import ctypes
 import os
+import resource
 import time
+
+import torch
 
 from autoflash import codegen
 
@@ -24,7 +28,24 @@ class _WrongKernel:
         return forward
 
 
+def _exhaust_memory():
+    """Allocate past an address-space limit set just above what the worker holds: the allocation fails as it
+    does where memory runs out (the limit is lifted again, as freed memory would be)."""
+    with open("/proc/self/statm") as f:
+        held = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (held + 2 ** 28, limits[1]))
+    try:
+        torch.empty(2 ** 32, dtype=torch.uint8)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+
+
 def load(knobs):
+    if knobs.exp == "exp" and knobs.num_stages == 2 and knobs.loads == "tma_host":
+        ctypes.string_at(0)  # a segmentation fault
+    if knobs.exp == "exp" and knobs.num_stages == 3 and knobs.loads == "tma_host":
+        _exhaust_memory()
     if knobs.exp == "exp" and knobs.num_stages == 2:
         raise RuntimeError("forced compile failure")
     if knobs.exp == "exp" and knobs.num_stages == 3:

@@ -44,15 +44,15 @@ def assert_matches_reference(out, lse, q, k, v, causal, softmax_scale=None):
 
 
 def assert_gradients_match(q, k, v, causal, softmax_scale=None, with_lse=False, deterministic=False, seed=1,
-                           dout_transposed=False):
-    """Backpropagate random dout (and dlse) through autoflash.attention; compare dq, dk, dv with the fp64
-    reference. `dout_transposed`: dout laid out (batch, seqlen, heads, dim). Returns the gradients."""
+                           dout_transposed=False, attention=None):
+    """Backpropagate random dout (and dlse) through `attention` (default autoflash.attention); compare dq, dk, dv
+    with the fp64 reference. `dout_transposed`: dout laid out (batch, seqlen, heads, dim). Returns the gradients."""
     import autoflash
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    out, lse = autoflash.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                                   deterministic=deterministic)
+    out, lse = (attention or autoflash.attention)(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                                                  deterministic=deterministic)
     b, h, s, d = out.shape
     dout = (torch.randn((b, s, h, d), generator=gen).transpose(1, 2) if dout_transposed
             else torch.randn(out.shape, generator=gen)).to(out)

@@ -168,3 +168,30 @@ def test_a_family_that_cannot_run_a_call_gives_way_to_the_default(tmp_path):
     fallback = dispatcher.for_call(BASE, H100, "fwd", misaligned)
     assert fallback.knobs.family == "tl" and fallback.knobs.loads == "pointer" and fallback.source == "default"
     assert "Gluon's TMA needs 16-byte aligned" in fallback.reason
+
+
+def test_a_gpu_without_records_runs_defaults_with_one_notice(tuned_db, monkeypatch):
+    """A GPU no database tuned (an L40S here) gets the heuristic default, and one notice naming `autoflash tune`
+    per process and direction; a GPU with records gets none."""
+    monkeypatch.setattr(dispatch, "_noticed", set())
+    l40s = Gpu("l40s", "NVIDIA L40S", (8, 9), 142, 101376, 65536)
+    d = Dispatcher([tuned_db])
+    with pytest.warns(UserWarning, match=r"no tuned forward kernels for NVIDIA L40S .*autoflash tune") as seen:
+        assert d.choice(BASE, l40s).source == "default"
+        assert d.choice(dataclasses.replace(BASE, batch=2), l40s).source == "default"
+    assert sum("no tuned" in str(w.message) for w in seen) == 1
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d.choice(dataclasses.replace(BASE, batch=2), H100)
+
+
+@pytest.mark.parametrize("name, multiprocessors, family", [
+    ("NVIDIA H100 80GB HBM3", 132, "h100"), ("NVIDIA H100 PCIe", 114, "h100-pcie"), ("NVIDIA H100 NVL", 132, "h100-nvl"),
+    ("NVIDIA H800", 132, "h800"), ("NVIDIA H200", 132, "h200"), ("NVIDIA GH200 480GB", 132, "gh200"),
+    ("NVIDIA A100-SXM4-80GB", 108, "a100"), ("NVIDIA A100 80GB PCIe", 108, "a100-pcie"),
+    ("NVIDIA H100 80GB HBM3", 114, "h100-114sm"), ("Tesla T4", 40, "tesla-t4"),
+])
+def test_gpu_families_tell_apart_what_changes_the_winners(name, multiprocessors, family):
+    from autoflash.gpu import family_of
+    assert family_of(name, multiprocessors) == family

@@ -9,11 +9,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autoflash"
 # Module (or package prefix) -> floor; a module takes the floor of its longest matching prefix.
 FLOORS = {
     "autoflash._version": 1, "autoflash.problem": 1, "autoflash.gpu": 1, "autoflash.resources": 1,
-    "autoflash.launch": 1, "autoflash.reference": 1, "autoflash.shapes": 1, "autoflash.tune.timing": 1,
+    "autoflash.launch": 1, "autoflash.checks": 1, "autoflash.reference": 1, "autoflash.shapes": 1,
+    "autoflash.tune.timing": 1,
     "autoflash.knobs": 2, "autoflash.families": 2,
     "autoflash.codegen": 3, "autoflash.db": 3,
     "autoflash.dispatch": 4, "autoflash.export": 4,
-    "autoflash.api": 5, "autoflash.tune": 5, "autoflash.bench": 5, "autoflash": 5,
+    "autoflash.api": 5, "autoflash.integrations": 5, "autoflash.distributed": 5, "autoflash.tune": 5,
+    "autoflash.bench": 5, "autoflash": 5,
     "autoflash.cli": 6, "autoflash.__main__": 6,
 }
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from autoflash.cli.common import mode_option, problems_of
+from autoflash.cli.common import mode_option, problems_of, require_extra
 
 
 @click.command()
@@ -19,6 +19,8 @@ from autoflash.cli.common import mode_option, problems_of
 @mode_option
 def bench(shapes_file, plot_path, out_path, mode):
     """Time autoflash and SDPA's backends on every problem of SHAPES (forward, backward or both)."""
+    if plot_path:
+        require_extra("plot", "matplotlib")  # before hours of timing, not after
     import torch
     import triton
 

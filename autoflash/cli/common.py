@@ -1,6 +1,18 @@
 """Options and helpers shared by the commands."""
 
+import os
+
 import click
+
+DEBUG_ENV = "AUTOFLASH_DEBUG"
+
+
+def one_line(error: BaseException, message: str | None = None) -> click.ClickException:
+    """`error` as click's one-line error (`message`, else its text); with AUTOFLASH_DEBUG=1 it is raised as it is,
+    traceback and all."""
+    if os.environ.get(DEBUG_ENV) == "1":
+        raise error
+    return click.ClickException(message or str(error))
 
 
 def resolve_gpu(gpu_name: str | None):
@@ -10,27 +22,32 @@ def resolve_gpu(gpu_name: str | None):
     return gpu_name.lower() if gpu_name else gpus.current().family
 
 
-def require_tune_extra(*modules: str) -> None:
-    """A one-line error, not a traceback, when a module of the `tune` extra (optuna, sqlalchemy) is missing."""
+def require_extra(extra: str, *modules: str) -> None:
+    """A one-line error, not a traceback, when a module of an extra (`tune`: optuna, sqlalchemy; `plot`: matplotlib)
+    is missing."""
     for module in modules:
         try:
             __import__(module)
         except ModuleNotFoundError:
             command = click.get_current_context().command_path
             raise click.ClickException(f"{command} needs {module}, which is not installed: "
-                                       "pip install 'autoflash[tune]'") from None
+                                       f"pip install 'autoflash[{extra}]'") from None
 
 
 def open_store(db: str | None, readonly: bool = False):
-    """The store of --db (a URL or a SQLite file path; default $AUTOFLASH_DB, else the per-user file)."""
-    require_tune_extra("sqlalchemy")
+    """The store of --db (a URL or a SQLite file path; default $AUTOFLASH_DB, else the per-user file); unless
+    `readonly`, one that takes a write now (not a read-only or full one)."""
+    require_extra("tune", "sqlalchemy")
     from autoflash.db.base import StoreError
     from autoflash.db.store import Store
 
     try:
-        return Store(db, readonly=readonly)
+        store = Store(db, readonly=readonly)
+        if not readonly:
+            store.check_writable()
+        return store
     except StoreError as e:
-        raise click.ClickException(str(e)) from e
+        raise one_line(e) from e
 
 
 def problems_of(shapes_file: str):

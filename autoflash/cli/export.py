@@ -38,7 +38,11 @@ def export(gpu_name, shapes_file, db_url, out_dir, force):
                                       for r in records))
         if not problems:
             raise click.ClickException(f"nothing tuned for GPU family '{gpu_family}' in {urls}; pass --shapes")
-    choices = {p: {d: dispatcher.choice(p, gpu, d) for d in DIRECTIONS} for p in problems}
+    # The backward of deterministic=True too (the exported attention takes the flag); tensors=(): an export
+    # cannot see the calls' tensors, and a backward's choice does not depend on them.
+    choices = {p: {d: dispatcher.choice(p, gpu, d) for d in DIRECTIONS}
+               | {"bwd_deterministic": dispatcher.for_call(p, gpu, "bwd", tensors=(), deterministic=True)}
+               for p in problems}
     out = write_package(choices, Path(out_dir), gpu_family)
     for d in DIRECTIONS:
         chosen = [per_direction[d] for per_direction in choices.values()]

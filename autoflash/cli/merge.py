@@ -16,10 +16,21 @@ def merge(sources, into_url, standalone, current_only):
     from autoflash.codegen import current_fingerprints
     from autoflash.families import DIRECTIONS
 
+    from autoflash.db.base import StoreError
+
     into = open_store(into_url)
     fingerprints = {d: set(current_fingerprints(d).values()) for d in DIRECTIONS} if current_only else None
-    for source in sources:
-        trials, baselines = into.merge(open_store(source, readonly=True), fingerprints)
-        click.echo(f"{source}: {trials} trial(s), {baselines} baseline(s) copied into {into.url}")
-    if standalone:
-        into.make_standalone()
+    try:
+        for source in sources:
+            source_store = open_store(source, readonly=True)
+            try:
+                trials, baselines = into.merge(source_store, fingerprints)
+            finally:
+                source_store.close()
+            click.echo(f"{source}: {trials} trial(s), {baselines} baseline(s) copied into {into.url}")
+        if standalone:
+            into.make_standalone()
+    except StoreError as e:  # a database locked by another process, a disk full: one line
+        raise click.ClickException(str(e)) from e
+    finally:
+        into.close()

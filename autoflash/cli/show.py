@@ -1,8 +1,10 @@
 """autoflash show: the tuned problems of a database, forward and backward."""
 
+from contextlib import contextmanager
+
 import click
 
-from autoflash.cli.common import db_option, gpu_option, open_store, resolve_gpu
+from autoflash.cli.common import db_option, gpu_option, open_store, require_extra, resolve_gpu
 
 
 @click.command()
@@ -10,11 +12,47 @@ from autoflash.cli.common import db_option, gpu_option, open_store, resolve_gpu
 @db_option
 def show(gpu_name, db_url):
     """List tuned problems per direction: best variant of any kernel family (or why none works), time,
-    TFLOP/s, trials and failures."""
+    TFLOP/s, trials and failures. Without --db and before the first `autoflash tune`, the databases shipped
+    with autoflash."""
+    from autoflash.db.urls import default_url, user_url
+    from autoflash.dispatch import shipped_urls
+
+    require_extra("tune", "sqlalchemy")  # before saying anything
+    gpu_family = resolve_gpu(gpu_name)
+    if db_url or user_url():
+        with _opened(db_url) as store:
+            if not _show(store, gpu_family):
+                raise click.ClickException(f"nothing tuned for GPU family '{gpu_family}' with the current templates "
+                                           f"in {store.url}")
+        return
+    shipped, shown, held = shipped_urls(), False, set()
+    click.echo(f"no user database yet (autoflash tune writes one at {default_url()}); "
+               + (f"showing the {len(shipped)} database(s) shipped with autoflash" if shipped
+               else "and none is shipped"))
+    for url in shipped:
+        with _opened(url) as store:
+            shown = _show(store, gpu_family) or shown
+            held |= set(store.gpu_families())
+    if not shown:
+        hint = f"they hold trials of {', '.join(sorted(held))}: pass --gpu {min(held)}" if held else "tune first"
+        raise click.ClickException(f"nothing tuned for GPU family '{gpu_family}' with the current templates in the "
+                                   f"shipped databases; {hint}")
+
+
+@contextmanager
+def _opened(db_url):
+    store = open_store(db_url, readonly=True)  # reading never changes the file
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _show(store, gpu_family: str) -> bool:
+    """Print the tuned problems of `gpu_family` in `store` under the current templates; whether it holds any."""
     from autoflash.codegen import current_fingerprints
     from autoflash.families import DIRECTIONS
 
-    store, gpu_family = open_store(db_url, readonly=True), resolve_gpu(gpu_name)  # reading never changes the file
     fingerprints = [(d, f, fingerprint) for d in DIRECTIONS for f, fingerprint in current_fingerprints(d).items()]
     named = ", ".join(f"{d} {f} {fingerprint}" for d, f, fingerprint in fingerprints)
     counts: dict[tuple, list[int]] = {}  # (direction, problem) -> [trials, failed], over the families
@@ -23,7 +61,7 @@ def show(gpu_name, db_url):
             total = counts.setdefault((d, problem), [0, 0])
             total[0], total[1] = total[0] + trials, total[1] + failed
     if not counts:
-        raise click.ClickException(f"nothing tuned for GPU family '{gpu_family}' with templates {named} in {store.url}")
+        return False
     best, unusable = {}, {}
     for d, family, fingerprint in fingerprints:
         for b in store.best(gpu_family, fingerprint, d):
@@ -38,3 +76,4 @@ def show(gpu_name, db_url):
         speed = f"{b.median_ms:9.4f} {b.tflops:8.1f}" if b else f"{'-':>9} {'-':>8}"
         why = "; ".join(unusable.get((direction, problem.key()), [])) or "(none passed)"
         click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {b.knobs if b else why}")
+    return True

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from autoflash.cli.common import db_option, mode_option, open_store, problems_of, require_tune_extra
+from autoflash.cli.common import db_option, mode_option, one_line, open_store, problems_of, require_extra
 from autoflash.tune import SAMPLERS
 
 
@@ -27,10 +27,13 @@ from autoflash.tune import SAMPLERS
               help="run on the CPU in Triton's interpreter; results filed under GPU 'interpreter' (timings meaningless)")
 def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret):
     """Tune the kernels of every problem in SHAPES (forward, backward or both) and record every trial."""
-    require_tune_extra("optuna", "sqlalchemy")
+    require_extra("tune", "optuna", "sqlalchemy")
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
+    from optuna.exceptions import StorageInternalError
+
     from autoflash import gpu as gpus
+    from autoflash.db.base import StoreError
     from autoflash.tune.runner import Runner
     from autoflash.families import DIRECTIONS
     from autoflash.tune.tuner import tune_problem
@@ -65,9 +68,23 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         click.echo(f"\ninterrupted: every finished trial is saved in {store.url}; run the same command to resume",
                    err=True)
         sys.exit(130)
+    except (StoreError, StorageInternalError) as e:  # the disk filled up, the server went away, ...
+        raise one_line(e, f"tuning stopped: {database_failure(store.url, e)}; every trial finished before is "
+                          "saved: run the same command to resume") from e
     finally:
         if reports:
             click.echo(format_reports(reports))
+
+
+def database_failure(url: str, error: BaseException) -> str:
+    """One line on a database write that failed: Optuna's StorageInternalError says only "exceeding max length" and
+    keeps the driver's error as its cause."""
+    from autoflash.db.base import StoreError, cannot_open
+
+    if isinstance(error, StoreError):
+        return str(error)
+    cause = error.__cause__ or error
+    return str(cannot_open(url, getattr(cause, "orig", None) or cause))
 
 
 def memory_of(gpu) -> tuple[int, str]:

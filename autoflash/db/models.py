@@ -6,7 +6,8 @@ from datetime import datetime
 from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-# Bump base.SCHEMA_VERSION on any change of the tables below: a database of another version is refused.
+# Bump base.SCHEMA_VERSION on any change of the tables below: a database of another version is refused. A new table
+# needs no bump: Store creates it in an older database, and older code never reads it.
 
 # Trial outcomes. Only "ok" trials are ever chosen. "no_valid_variant" records a problem whose search space
 # is empty (no variant passes knobs.violations()): its variant's knobs are "{}" and its error says why.
@@ -88,3 +89,18 @@ class BaselineRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     gpu: Mapped[GpuRow] = relationship()
     problem: Mapped[ProblemRow] = relationship()
+
+
+class ClaimRow(Base):
+    """A variant a tuner is timing now for a problem on a GPU family: unique, so that concurrent tuners never time
+    one variant twice nor more than --trials variants (Store.claim). Deleted with its trial's recording, or when
+    its tuner stops; one whose process is gone is taken over (Store.claim says when)."""
+    __tablename__ = "autoflash_claims"
+    __table_args__ = (UniqueConstraint("gpu_family", "problem_id", "variant_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_family: Mapped[str] = mapped_column(String(64))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("autoflash_problems.id"))
+    variant_id: Mapped[int] = mapped_column(ForeignKey("autoflash_variants.id"))
+    host: Mapped[str] = mapped_column(String(128))
+    pid: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime)

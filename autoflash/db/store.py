@@ -8,16 +8,18 @@ Its methods return plain dataclasses (db/base.py), never ORM rows, and raise Sto
 """
 
 import functools
+import os
 import platform
 import socket
 import sqlite3
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import torch
 import triton
-from sqlalchemy import URL, Integer, case, create_engine, event, func, inspect, select, type_coerce
+from sqlalchemy import (URL, Integer, case, create_engine, delete, event, func, inspect, select, type_coerce,
+                        update)
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -25,15 +27,19 @@ from autoflash._version import __version__
 from autoflash.db.base import (DB_HINT, SCHEMA_VERSION, BestTrial, SchemaMismatch, StoreError, Trial,
                                best_per_problem, cannot_open, connect_readonly, missing_driver, no_tables,
                                schema_mismatch, unusable_reasons)
-from autoflash.db.models import STATUSES, Base, BaselineRow, GpuRow, ProblemRow, SchemaVersion, TrialRow, VariantRow
+from autoflash.db.models import (STATUSES, Base, BaselineRow, ClaimRow, GpuRow, ProblemRow, SchemaVersion, TrialRow,
+                                 VariantRow)
 from autoflash.db.urls import as_url, default_url, sqlite_path
 from autoflash.gpu import Gpu
 from autoflash.problem import Problem
 
 
+BUSY_TIMEOUT_S = 120  # how long a SQLite writer waits for another process's write to finish
+
+
 def _connect(path: str) -> sqlite3.Connection:
     """A SQLite connection that waits for other writers instead of failing."""
-    return sqlite3.connect(path, timeout=120, check_same_thread=False)
+    return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
 
 
 def make_engine(url: str, readonly: bool = False):
@@ -51,7 +57,7 @@ def make_engine(url: str, readonly: bool = False):
 
     @event.listens_for(engine, "connect")
     def _wal(connection, _record):
-        connection.execute("PRAGMA busy_timeout=120000")
+        connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
         # Switching to WAL answers "locked" at once, without waiting, while another process creates the file.
         for attempt in range(200):
             try:
@@ -88,7 +94,18 @@ class Store:
         """The database `db` (a URL or a SQLite file path; default: default_url()); `readonly` never writes."""
         self.url = as_url(db) if db else default_url()
         self.engine = make_engine(self.url, readonly)
-        self._ensure_schema(readonly)
+        try:
+            self._ensure_schema(readonly)
+        except BaseException:
+            self.close()  # a refused database keeps no connection open
+            raise
+
+    @_store_errors
+    def check_writable(self) -> None:
+        """Commit one write now (the schema version row, unchanged): a read-only file or folder, a full disk or a
+        read-only account is a StoreError here, before any tuning starts, not after the first trial."""
+        with self.engine.begin() as connection:
+            connection.execute(update(SchemaVersion).values(version=SchemaVersion.version))
 
     def close(self) -> None:
         """Close the database's connections (the store opens new ones if used again)."""
@@ -184,6 +201,46 @@ class Store:
                            error=error, triton_version=triton.__version__, torch_version=torch.__version__,
                            autoflash_version=__version__, host=_host(), created_at=_now())
             s.add(row)
+            s.flush()
+            s.execute(delete(ClaimRow).where(ClaimRow.gpu_family == gpu.family, ClaimRow.problem_id == row.problem_id,
+                                             ClaimRow.variant_id == row.variant_id))
+            s.commit()
+
+    @_store_errors
+    def claim(self, gpu: Gpu, problem: Problem, fingerprint: str, direction: str, knobs: list[str], limit: int
+              ) -> tuple[list[str], list[str]]:
+        """Claim for this process the variants (knobs JSON) of `knobs` that `problem` has no trial of on `gpu`'s
+        family and no other tuner claims, as many as keep its trials and claims within `limit`: (claimed, claimed
+        by others). Claimers of one problem take turns (the first statement locks its row), so that concurrent
+        tuners never time a variant twice nor overshoot `limit`. A claim of a process gone from this host, or older
+        than CLAIM_EXPIRY (another host's), is dropped: a killed tuner's variants are timed by the next one."""
+        with Session(self.engine) as s:
+            problem_id = self._problem(s, problem).id
+            variants = {k: self._variant(s, k, fingerprint, direction).id for k in knobs}
+            s.commit()
+        with Session(self.engine) as s:
+            s.execute(update(ProblemRow).where(ProblemRow.id == problem_id).values(key=ProblemRow.key))  # the lock
+            timed = set(s.scalars(self._trials(gpu.family, fingerprint, direction, VariantRow.knobs)
+                                  .where(ProblemRow.id == problem_id, TrialRow.status != "no_valid_variant")))
+            claims = s.execute(select(ClaimRow.id, VariantRow.knobs, ClaimRow.host, ClaimRow.pid, ClaimRow.created_at)
+                               .join(VariantRow, VariantRow.id == ClaimRow.variant_id)
+                               .where(ClaimRow.gpu_family == gpu.family, ClaimRow.problem_id == problem_id,
+                                      VariantRow.fingerprint == fingerprint, VariantRow.direction == direction)).all()
+            abandoned = [c.id for c in claims if _abandoned(c.host, c.pid, c.created_at)]
+            if abandoned:
+                s.execute(delete(ClaimRow).where(ClaimRow.id.in_(abandoned)))
+            taken = timed | {c.knobs for c in claims if c.id not in abandoned}
+            mine = [k for k in variants if k not in taken][:max(0, limit - len(taken))]
+            s.add_all(ClaimRow(gpu_family=gpu.family, problem_id=problem_id, variant_id=variants[k], host=_host(),
+                               pid=os.getpid(), created_at=_now()) for k in mine)
+            s.commit()
+        return mine, [k for k in variants if k in taken and k not in timed]
+
+    @_store_errors
+    def release_claims(self) -> None:
+        """Drop this process's claims (a tuner that stops before timing what it claimed)."""
+        with Session(self.engine) as s:
+            s.execute(delete(ClaimRow).where(ClaimRow.host == _host(), ClaimRow.pid == os.getpid()))
             s.commit()
 
     @_store_errors
@@ -227,9 +284,15 @@ class Store:
         tuning_db/, read from a read-only folder) with no -wal or -shm beside it."""
         if self.url.startswith("sqlite"):
             self.engine.dispose()
-            with self.engine.connect() as connection:
-                connection.exec_driver_sql("PRAGMA journal_mode=DELETE")
-                connection.exec_driver_sql("VACUUM")
+            try:
+                with self.engine.connect() as connection:
+                    connection.exec_driver_sql("PRAGMA journal_mode=DELETE")
+                    connection.exec_driver_sql("VACUUM")
+            except OperationalError as e:
+                if "locked" not in str(e):
+                    raise
+                raise StoreError(f"cannot make {self.url} standalone: another process has it open (a tuner?); what "
+                                 "was written is saved: run the same command again when that process is done") from e
 
     # -- reading -----------------------------------------------------------------------------------
     def _trials(self, family: str, fingerprint: str, direction: str, *columns):
@@ -265,6 +328,12 @@ class Store:
         with Session(self.engine) as s:
             return list(s.scalars(select(VariantRow.fingerprint).distinct().join(TrialRow.variant).join(TrialRow.gpu)
                                   .where(GpuRow.family == family, VariantRow.direction == direction)))
+
+    @_store_errors
+    def gpu_families(self) -> list[str]:
+        """The GPU families with trials here."""
+        with Session(self.engine) as s:
+            return list(s.scalars(select(GpuRow.family).distinct().join(TrialRow, TrialRow.gpu_id == GpuRow.id)))
 
     @_store_errors
     def summary(self, family: str, fingerprint: str, direction: str = "fwd") -> list[tuple[Problem, int, int]]:
@@ -332,6 +401,23 @@ def _well_formed(problem: Problem) -> bool:
     except ValueError:
         return False
     return True
+
+
+# A claim older than this is taken for abandoned even where its process cannot be asked (another host): longer
+# than a batch of trials at the default --trial-timeout takes.
+CLAIM_EXPIRY = timedelta(hours=1)
+
+
+def _abandoned(host: str, pid: int, created_at: datetime) -> bool:
+    if host != _host():
+        return _now() - created_at > CLAIM_EXPIRY
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        pass
+    return False
 
 
 def _host() -> str:

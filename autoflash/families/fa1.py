@@ -6,11 +6,9 @@ searched: slower than `tl` by design."""
 from dataclasses import dataclass
 from typing import ClassVar
 
-import triton
-
 from autoflash.families.base import KernelFamily
 from autoflash.gpu import Gpu
-from autoflash.knobs import Knobs, family_knob, head_dim_pad, knob
+from autoflash.knobs import Knobs, family_knob, head_dim_pad, knob, next_power_of_2
 from autoflash.problem import Problem
 
 
@@ -35,9 +33,9 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     why = []
     if knobs.block_m * knobs.block_n < 128 * knobs.num_warps:
         why.append(f"{knobs.block_m}x{knobs.block_n} tile is too small for {knobs.num_warps} warps")
-    if knobs.block_m > max(16, triton.next_power_of_2(problem.seqlen_q)):
+    if knobs.block_m > max(16, next_power_of_2(problem.seqlen_q)):
         why.append(f"block_m {knobs.block_m} exceeds the {problem.seqlen_q} query rows")
-    if knobs.block_n > max(16, triton.next_power_of_2(problem.seqlen_k)):
+    if knobs.block_n > max(16, next_power_of_2(problem.seqlen_k)):
         why.append(f"block_n {knobs.block_n} exceeds seqlen_k {problem.seqlen_k}")
     d, size = head_dim_pad(problem.head_dim), problem.element_size
     smem = size * 2 * knobs.block_n * d + knobs.num_stages * knobs.block_m * d * (size + 4)

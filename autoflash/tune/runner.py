@@ -148,6 +148,7 @@ class Runner:
                 try:
                     outcome = conn.recv()
                 except (EOFError, OSError):  # the process died under the variant
+                    worker.process.join(5)  # reaped, so that its exit code (-11: a segfault) is known
                     outcome = Outcome("crashed", error=f"worker died (exit code {worker.process.exitcode})",
                                       fatal=True)
                 outcomes[worker.job] = outcome

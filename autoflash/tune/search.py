@@ -1,7 +1,8 @@
 """Search strategy: a function over a space and an objective. It knows nothing of SQL or Triton.
 
 The space maps names to choices; `evaluate` takes a batch of points and returns each one's cost
-(None where the point failed); it may answer a point seen before from its own memory.
+(None where the point failed, NOT_RUN where it was not evaluated and the search should end: other
+processes evaluate the rest of the study's trials); it may answer a point seen before from its own memory.
 Optuna proposes the points; invalid points are told to Optuna as pruned without being evaluated,
 so that TPE learns to avoid them, and so are failed points. Knobs whose choices are numbers are
 searched as ordinals (the index into their choices), so that TPE sees 64 next to 128.
@@ -17,12 +18,13 @@ import optuna
 from autoflash.tune import SAMPLERS
 
 Point = dict[str, object]
+NOT_RUN = object()  # evaluate's answer for a point it did not evaluate
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=8)
-    if name in ("random", "grid"):  # grid: every valid point is enqueued in order; random fills nothing
+    if name in ("random", "grid"):  # grid: search() evaluates the valid points in order, never asking the sampler
         return optuna.samplers.RandomSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}: use one of {SAMPLERS}")
 
@@ -49,10 +51,9 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
         return study
     _add_known(study, space, known)
     seen = {_key(_decode(t.params, space)) for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
-    queue = valid_points(space, is_valid) if sampler == "grid" else \
-        [p for p in warm_start if _in_space(p, space) and is_valid(p)]
-    for point in queue:
-        if _key(point) not in seen:
+    grid = valid_points(space, is_valid) if sampler == "grid" else None
+    for point in warm_start if grid is None else []:
+        if _in_space(point, space) and is_valid(point) and _key(point) not in seen:
             study.enqueue_trial(_encode(point, space), skip_if_exists=True)
     values = {_key(_decode(t.params, space)): t.value for t in study.get_trials(deepcopy=False)
               if t.user_attrs.get("evaluated")}
@@ -61,7 +62,12 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
         if time_budget is not None and time.monotonic() - start > time_budget:
             break
         size = min(batch_size, n_trials - len(values))
-        batch, repeats = _ask_batch(study, space, is_valid, values, size)
+        if grid is not None:  # the first points of the grid not yet evaluated, whatever earlier runs left undone
+            batch, repeats = [(None, p) for p in grid if _key(p) not in values][:size], []
+            if not batch:
+                break
+        else:
+            batch, repeats = _ask_batch(study, space, is_valid, values, size)
         if not batch:  # the sampler proposes only known points: explore unseen ones at random
             unseen = [p for p in valid_points(space, is_valid) if _key(p) not in values]
             if not unseen:
@@ -71,11 +77,23 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
             batch, repeats = _ask_batch(study, space, is_valid, values, size)
         costs = evaluate([point for _, point in batch])
         for (trial, point), value in zip(batch, costs):
+            if value is NOT_RUN:
+                if trial is not None:
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
             values[_key(point)] = value
-            _tell(study, trial, value)
+            if trial is None:
+                _add_evaluated(study, space, point, value)
+            else:
+                _tell(study, trial, value)
             on_trial(point, value)
         for trial, key in repeats:
-            _tell(study, trial, values[key])
+            if key in values:
+                _tell(study, trial, values[key])
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if any(value is NOT_RUN for value in costs):
+            break
     return study
 
 
@@ -115,14 +133,18 @@ def _decode(params: dict, space) -> Point:
 def _add_known(study, space, known):
     in_study = {_key(_decode(t.params, space)) for t in study.get_trials(deepcopy=False)
                 if t.user_attrs.get("evaluated")}
-    distributions = _distributions(space)
     for point, value in known:
         if _key(point) in in_study or not _in_space(point, space):
             continue
-        state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.PRUNED
-        study.add_trial(optuna.trial.create_trial(params=_encode(point, space), distributions=distributions,
-                                                  value=value, state=state, user_attrs={"evaluated": True}))
+        _add_evaluated(study, space, point, value)
         in_study.add(_key(point))
+
+
+def _add_evaluated(study, space, point: Point, value: float | None):
+    """A point evaluated without asking the sampler, told to the study as any evaluated point is."""
+    state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.PRUNED
+    study.add_trial(optuna.trial.create_trial(params=_encode(point, space), distributions=_distributions(space),
+                                              value=value, state=state, user_attrs={"evaluated": True}))
 
 
 def _ask_batch(study, space, is_valid, values, size: int, max_asks: int = 200):

@@ -39,8 +39,9 @@ def classify(error: BaseException) -> Outcome:
     lowered = text.lower()
     if "cuda error" in lowered or "illegal" in lowered or "device-side assert" in lowered:
         return Outcome("crashed", error=text, fatal=True)
-    if "outofresources" in type(error).__name__.lower() or "out of resource" in lowered:
-        return Outcome("out_of_resources", error=text)
+    if "outofresources" in type(error).__name__.lower() or isinstance(error, MemoryError) or \
+            any(s in lowered for s in ("out of resource", "out of memory", "can't allocate memory")):
+        return Outcome("out_of_resources", error=text)  # shared memory, registers, or the memory there is
     return Outcome("compile_error", error=text)
 
 

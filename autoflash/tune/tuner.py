@@ -2,7 +2,9 @@
 
 Every trial is committed as soon as it is measured; a variant already timed for a problem (same
 GPU family, direction and template fingerprint) is answered from the store instead of being timed again.
-Each kernel family the tuner searches has a study of its own per problem and direction.
+Each kernel family the tuner searches has a study of its own per problem and direction. Tuners that share a
+database claim each variant in the store before timing it (Store.claim): together they time each variant once and
+--trials variants per problem, whatever each one's sampler proposes.
 """
 
 import math
@@ -17,7 +19,7 @@ from autoflash.gpu import Gpu
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.tune.runner import Runner
-from autoflash.tune.search import restricted_space, search
+from autoflash.tune.search import NOT_RUN, restricted_space, search
 
 
 @dataclass
@@ -90,6 +92,7 @@ def searched_space(family: KernelFamily, problem: Problem, gpu: Gpu, direction: 
 
 # The knobs of a "no_valid_variant" row: it records the problem, not a variant.
 NO_VARIANT = "{}"
+CLAIM_POLL_S = 0.5  # how often a tuner looks for the results of variants another tuner is timing
 
 
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, direction: str = "fwd",
@@ -136,16 +139,28 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     done = store.finished(gpu.family, problem, fingerprint, direction)
     done.pop(NO_VARIANT, None)
 
+    def record(knobs, outcome):  # committed one by one: an interrupt loses no finished trial
+        store.record_trial(gpu, problem, knobs.to_json(), fingerprint, outcome.status, outcome.median_ms,
+                           outcome.error, direction)
+        done[knobs.to_json()] = outcome
+
     def evaluate(points):
-        variants = [knobs_class(**p) for p in points]
-        def record(knobs, outcome):  # committed one by one: an interrupt loses no finished trial
-            store.record_trial(gpu, problem, knobs.to_json(), fingerprint, outcome.status, outcome.median_ms,
-                               outcome.error, direction)
-            done[knobs.to_json()] = outcome
-        new = list(dict.fromkeys(k for k in variants if k.to_json() not in done))
-        if new:
-            runner.run(problem, new, on_outcome=record)
-        return [done[k.to_json()].median_ms if done[k.to_json()].status == "ok" else None for k in variants]
+        """Time the points no tuner has timed, as many as the store lets this one claim; wait for those another
+        tuner is timing; NOT_RUN for the rest (n_trials are timed or being timed)."""
+        wanted = [knobs_class(**p).to_json() for p in points]
+        while todo := [k for k in dict.fromkeys(wanted) if k not in done]:
+            mine, theirs = store.claim(gpu, problem, fingerprint, direction, todo, n_trials)
+            if mine:
+                try:
+                    runner.run(problem, [knobs_class.from_json(k) for k in mine], on_outcome=record)
+                finally:
+                    store.release_claims()
+            elif not theirs:
+                break
+            else:
+                time.sleep(CLAIM_POLL_S)
+            done.update(store.finished(gpu.family, problem, fingerprint, direction))
+        return [NOT_RUN if k not in done else done[k].median_ms if done[k].status == "ok" else None for k in wanted]
 
     is_valid, valid_space = searched_space(family, problem, gpu, direction)
     if not all(valid_space.values()):

@@ -17,7 +17,8 @@ def refused(tmp_path, text, match):
     started = time.monotonic()
     with pytest.raises(ShapesError, match=match) as error:
         load_problems(path)
-    assert time.monotonic() - started < 2, "a hostile file must fail fast"
+    # Seconds, not the minutes (and gigabytes) an expanded bomb takes; generous for a loaded 2-core CI machine.
+    assert time.monotonic() - started < 10, "a hostile file must fail fast"
     message = str(error.value)
     assert len(message) < 500 and "\n" not in message, f"{len(message)} characters"
     return message

@@ -8,13 +8,11 @@ problem at hand.
 
 from dataclasses import replace
 
-import triton
-
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.families.tl.limits import (grid_y, not_worth_timing, programs, query_rows, split_saves_columns,
                                           tma_violations, violations)
 from autoflash.gpu import Gpu, tma_aligned
-from autoflash.knobs import MAX_GRID_Y, Knobs, head_dim_pad
+from autoflash.knobs import MAX_GRID_Y, Knobs, head_dim_pad, next_power_of_2
 from autoflash.problem import Problem
 
 HALF = ("float16", "bfloat16")
@@ -56,8 +54,8 @@ def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
     """Shrink `knobs` until it is valid for `problem`: tiles no larger than the sequences, TMA only
     where it can run, then smaller tiles and fewer warps until registers and shared memory fit."""
     rows = query_rows(knobs, problem) if isinstance(knobs, FwdKnobs) else problem.seqlen_q
-    knobs = replace(knobs, block_m=min(knobs.block_m, max(16, triton.next_power_of_2(rows))),
-                    block_n=min(knobs.block_n, max(16, triton.next_power_of_2(problem.seqlen_k))))
+    knobs = replace(knobs, block_m=min(knobs.block_m, max(16, next_power_of_2(rows))),
+                    block_n=min(knobs.block_n, max(16, next_power_of_2(problem.seqlen_k))))
     if isinstance(knobs, FwdKnobs) and knobs.loads != "pointer" and tma_violations(problem, gpu):
         knobs = replace(knobs, loads="pointer")
     if isinstance(knobs, FwdKnobs) and grid_y(knobs, problem) > MAX_GRID_Y:  # batch x heads beyond the y axis

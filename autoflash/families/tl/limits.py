@@ -1,11 +1,11 @@
 """What the `tl` family's kernels can run, and what the tuner need not time: a resource model of shared
 memory, registers and the launch grid, checked before anything compiles."""
 
-import triton
+from functools import lru_cache
 
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
-from autoflash.knobs import MAX_GRID_Y, Knobs, head_dim_pad
+from autoflash.knobs import MAX_GRID_Y, Knobs, cdiv, head_dim_pad, next_power_of_2
 from autoflash.problem import Problem
 from autoflash.resources import launcher
 
@@ -13,8 +13,12 @@ from autoflash.resources import launcher
 def column_tiles(knobs: Knobs, problem: Problem) -> tuple[int, ...]:
     """Widths of the column tiles a program's Q, K, V and O tiles span, as the launcher splits them: the head
     dim padded to a power of two, or with head_dim_split the largest power of two below it and the rest."""
-    split = isinstance(knobs, FwdKnobs) and knobs.head_dim_split
-    return tuple(w for w in launcher("tl").column_tiles({"head_dim_split": split}, problem.head_dim) if w)
+    return _column_tiles(isinstance(knobs, FwdKnobs) and knobs.head_dim_split, problem.head_dim)
+
+
+@lru_cache(maxsize=None)
+def _column_tiles(split: bool, head_dim: int) -> tuple[int, ...]:
+    return tuple(w for w in launcher("tl").column_tiles({"head_dim_split": split}, head_dim) if w)
 
 
 def split_saves_columns(problem: Problem) -> bool:
@@ -60,13 +64,13 @@ def grid_y(knobs: Knobs, problem: Problem) -> int:
     if isinstance(knobs, BwdKnobs):
         return problem.batch * problem.heads_q
     if knobs.schedule == "longest_first":
-        return triton.cdiv(query_rows(knobs, problem), knobs.block_m)
+        return cdiv(query_rows(knobs, problem), knobs.block_m)
     return problem.batch * grid_heads(knobs, problem)
 
 
 def programs(knobs: FwdKnobs, problem: Problem) -> int:
     """Programs of a forward launch before any key split: query blocks x batch x heads."""
-    return triton.cdiv(query_rows(knobs, problem), knobs.block_m) * problem.batch * grid_heads(knobs, problem)
+    return cdiv(query_rows(knobs, problem), knobs.block_m) * problem.batch * grid_heads(knobs, problem)
 
 
 def tma_violations(problem: Problem, gpu: Gpu) -> list[str]:
@@ -93,9 +97,9 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
         rows = problem.seqlen_q
     if knobs.block_m * knobs.block_n < 128 * knobs.num_warps:
         why.append(f"{knobs.block_m}x{knobs.block_n} tile is too small for {knobs.num_warps} warps")
-    if knobs.block_m > max(16, triton.next_power_of_2(rows)):
+    if knobs.block_m > max(16, next_power_of_2(rows)):
         why.append(f"block_m {knobs.block_m} exceeds the {rows} query rows")
-    if knobs.block_n > max(16, triton.next_power_of_2(problem.seqlen_k)):
+    if knobs.block_n > max(16, next_power_of_2(problem.seqlen_k)):
         why.append(f"block_n {knobs.block_n} exceeds seqlen_k {problem.seqlen_k}")
     programs_y = grid_y(knobs, problem)
     if programs_y > MAX_GRID_Y:
@@ -115,10 +119,10 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     share fewer than 16 rows of the tile's long side each duplicate work, and key splits where the
     SMs have work enough or a split would hold less than two key blocks."""
     why = []
-    keys = triton.next_power_of_2(problem.seqlen_k)
+    keys = next_power_of_2(problem.seqlen_k)
     # The tile side the MMA's rows run along: query rows forward, held key (or query) rows backward.
     if isinstance(knobs, FwdKnobs):
-        rows = triton.next_power_of_2(query_rows(knobs, problem))
+        rows = next_power_of_2(query_rows(knobs, problem))
         count = programs(knobs, problem)
         if knobs.pack_gqa and problem.heads_q == problem.heads_kv:
             why.append("no query heads share a KV head: nothing to pack")
@@ -129,11 +133,11 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
             why.append("without causal masking every query block does the same work: no order to choose")
         if knobs.kv_splits > 1 and count >= 2 * gpu.multiprocessors:
             why.append(f"{count} programs already fill {gpu.multiprocessors} SMs twice: no key split")
-        if knobs.kv_splits > 1 and triton.cdiv(problem.seqlen_k, knobs.block_n) < 2 * knobs.kv_splits:
+        if knobs.kv_splits > 1 and cdiv(problem.seqlen_k, knobs.block_n) < 2 * knobs.kv_splits:
             why.append(f"{knobs.kv_splits} key splits of seqlen_k {problem.seqlen_k} hold less than 2 blocks each")
         small_m, small_n, mma_rows, extent = 64, 32, knobs.block_m, rows
     else:
-        rows = triton.next_power_of_2(problem.seqlen_q)
+        rows = next_power_of_2(problem.seqlen_q)
         small_m, small_n, mma_rows, extent = 32, 64, knobs.block_n, min(rows, keys)
     if knobs.block_m < min(small_m, rows):
         why.append(f"block_m {knobs.block_m} is far below the query rows (padded: {rows})")

@@ -1,0 +1,133 @@
+"""The checks of `attention`'s arguments, needing only torch: autoflash.attention runs them, and exported
+packages carry a copy (`_checks.py`), so that both refuse the same inputs with the same one-line errors."""
+
+import math
+import numbers
+
+import torch
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def checked(q, k, v):
+    """Validate q, k, v and return them with unit last stride."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}; "
+                             "for (batch, seqlen, heads, head_dim) tensors pass t.transpose(1, 2)")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; autoflash supports float16, bfloat16 and float32")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}: cast them with .to()")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if not q.shape[3] == k.shape[3] == v.shape[3]:
+        raise ValueError(f"head dims differ: q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]}")
+    if k.shape[1:3] != v.shape[1:3]:
+        raise ValueError(f"k and v must have the same heads and length, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"heads_q ({q.shape[1]}) must be a multiple of heads_kv ({k.shape[1]}) for GQA/MQA")
+    if k.shape[2] == 0:
+        raise ValueError("k and v hold no keys (seqlen_k = 0): attention needs at least one")
+    if not MIN_HEAD_DIM <= q.shape[3] <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {q.shape[3]} is outside the supported {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+
+
+def check_flags(**flags) -> None:
+    """Each of `flags` (causal, return_lse, deterministic) is a bool."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {_shown(flag)}")
+
+
+def _shown(value) -> str:
+    """`value` in an error message: its repr where that is short and one line, else its type."""
+    text = repr(value)
+    return text if len(text) <= 60 and "\n" not in text else f"a {type(value).__name__}"
+
+
+def scale_of(softmax_scale, head_dim: int) -> float:
+    """The scale of the scores: `softmax_scale` (any positive real number), default 1 / sqrt(head_dim)."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    # Any real number (numpy scalars included), but not a bool, a string or a tensor.
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int too large for a float
+        scale = math.inf
+    if not (math.isfinite(scale) and scale > 0):
+        # The kernels mask scores to -inf before scaling them: a scale of 0 or below would turn masks into nan or +inf.
+        raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
+    return scale
+
+
+def addresses(q, k, v, out) -> tuple:
+    """The data pointers of q, k, v (and out), read once per call: for the key's alignment and out's overlap check."""
+    if out is None:
+        return q.data_ptr(), k.data_ptr(), v.data_ptr()
+    return q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+
+
+def checked_out(out, q):
+    """`out` if it is a valid output for q (shape, dtype, device, layout), else the error that says why."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.shape != q.shape:
+        raise ValueError(f"out must be shaped like q, {tuple(q.shape)}, got {tuple(out.shape)}")
+    if out.dtype != q.dtype or out.device != q.device:
+        raise TypeError(f"out must have q's dtype and device ({q.dtype} on {q.device}), "
+                        f"got {out.dtype} on {out.device}")
+    if out.stride(-1) != 1:
+        raise ValueError(f"out must have last stride 1, got strides {out.stride()}: pass a contiguous tensor "
+                         "or a .transpose(1, 2) view of one")
+    if overlaps_itself(out):
+        raise ValueError(f"out has elements that share memory (shape {tuple(out.shape)}, strides {out.stride()}; "
+                         "an expanded view?): pass a tensor of its own, such as torch.empty_like(q)")
+    return out
+
+
+def overlaps_itself(t) -> bool:
+    """Whether two elements of `t` may share memory: sorted by stride, each dimension's stride must step past
+    everything the smaller ones reach (exact for every layout torch makes by views, transposes and slicing)."""
+    reach = 0
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def byte_span(t) -> int:
+    """Bytes from t's first element to just past its last (strides are never negative in torch)."""
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size() if t.numel() else 0
+
+
+def out_checker(q, k, v, out):
+    """check(q, k, v, out, addresses), run by every call into `out` of one signature: it refuses an out that
+    requires grad, or shares bytes with q, k or v (the kernel would overwrite what it still reads), and a call
+    that needs gradients. The byte spans follow from the signature's shapes and strides: per call, the check
+    compares the call's pointers (read once for the key too) with a few integer operations."""
+    q_span, k_span, v_span, out_span = (byte_span(t) for t in (q, k, v, out))
+
+    def check(q, k, v, out, addresses):
+        if out.requires_grad:
+            raise ValueError("out requires grad, and attention writes into it in place: pass a tensor that does "
+                             "not, such as torch.empty_like(q)")
+        q_at, k_at, v_at, start = addresses
+        end = start + out_span  # [start, end) meets [t_at, t_at + span) when start - span < t_at < end
+        if start - q_span < q_at < end or start - k_span < k_at < end or start - v_span < v_at < end:
+            name = "q" if start - q_span < q_at < end else "k" if start - k_span < k_at < end else "v"
+            raise ValueError(f"out overlaps {name} in memory, and the kernel would overwrite {name} while reading "
+                             "it: pass a separate output tensor, such as torch.empty_like(q)")
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise RuntimeError("attention(..., out=...) is not differentiable, and q, k or v requires grad: "
+                               "leave out=None, or call under torch.no_grad()")
+    return check
