@@ -1,0 +1,184 @@
+"""Tuning on first use (autoflash/tune/on_miss.py) under Triton's interpreter: off by default; on, the first call
+tunes and records, later calls and processes read the record; of processes started at once one tunes and all run
+its choice; a tuner killed mid-search keeps its trials and holds no one up; without the tune extra, a warning."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+import autoflash
+from autoflash.db import urls
+from autoflash.db.store import Store
+from autoflash.reference import attention_reference
+from autoflash.tune import on_miss
+
+# Each process calls attention on (1, 2, SEQLEN_Q, 32) fp16 causal queries against 33 keys, then again with out=
+# (a new call signature of the same problem), and prints what it ran as JSON.
+RANK = '''
+import json, sys, time
+import torch
+import autoflash
+from autoflash.db.store import Store
+from autoflash.reference import attention_reference
+
+
+def main():
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, int(sys.argv[1]), 32, dtype=torch.float16)
+    k, v = torch.randn(1, 1, 33, 32, dtype=torch.float16), torch.randn(1, 1, 33, 32, dtype=torch.float16)
+    started = time.monotonic()
+    out = autoflash.attention(q, k, v, causal=True)
+    first_s = time.monotonic() - started
+    trials = [Store().count_trials()]
+    again = autoflash.attention(q, k, v, causal=True, out=torch.empty_like(q))
+    trials.append(Store().count_trials())
+    ref = attention_reference(q, k, v, causal=True)[0]
+    explained = dict(line.split(":", 1) for line in autoflash.explain(q, k, v, causal=True).splitlines())
+    print(json.dumps({"on_miss": explained.get("fwd on-miss", "").strip(), "knobs": explained["fwd knobs"].strip(),
+                      "first_s": first_s, "trials": trials,
+                      "correct": all(bool(torch.allclose(o.double(), ref, atol=2e-3, rtol=2e-3)) for o in (out, again))}))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """This process's on-miss state and user database as a new process has them, the database in tmp_path."""
+    monkeypatch.setattr(on_miss, "_settings", None)
+    monkeypatch.setattr(on_miss, "_outcomes", {})
+    monkeypatch.setattr(on_miss, "_warned", set())
+    monkeypatch.setattr(urls, "_configured", None)
+    monkeypatch.delenv(on_miss.TUNE_ENV, raising=False)
+    monkeypatch.delenv(urls.DB_ENV, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    return tmp_path / "autoflash" / "tuning.db"
+
+
+def inputs(seqlen_q: int):
+    q = torch.randn(1, 2, seqlen_q, 32, dtype=torch.float16)
+    return q, torch.randn(1, 1, 33, 32, dtype=torch.float16), torch.randn(1, 1, 33, 32, dtype=torch.float16)
+
+
+def assert_correct(out, q, k, v):
+    torch.testing.assert_close(out.double(), attention_reference(q, k, v, causal=True)[0], atol=2e-3, rtol=2e-3)
+
+
+def test_off_by_default_writes_no_database(fresh):
+    q, k, v = inputs(29)
+    assert_correct(autoflash.attention(q, k, v, causal=True), q, k, v)
+    assert not fresh.exists()
+    assert "on-miss" not in autoflash.explain(q, k, v, causal=True)
+
+
+def test_without_the_tune_extra_one_warning_and_the_fallback(fresh, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` fails as where it is not installed
+    autoflash.configure(tune="on-miss")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seqlen_q in (27, 26):  # two untuned problems, one warning
+            q, k, v = inputs(seqlen_q)
+            assert_correct(autoflash.attention(q, k, v, causal=True), q, k, v)
+    said = [str(w.message) for w in caught if "autoflash[tune]" in str(w.message)]
+    assert len(said) == 1 and "optuna" in said[0], [str(w.message) for w in caught]
+    assert not fresh.exists()
+    assert "tune extra is missing" in autoflash.explain(q, k, v, causal=True)
+
+
+def test_a_failing_tuner_warns_once_and_runs_the_fallback(fresh, tmp_path):
+    autoflash.configure(tune="on-miss", db=tmp_path)  # a folder: no database can be opened there
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seqlen_q in (25, 24):
+            q, k, v = inputs(seqlen_q)
+            assert_correct(autoflash.attention(q, k, v, causal=True), q, k, v)
+    said = [str(w.message) for w in caught if "could not tune" in str(w.message)]
+    assert len(said) == 1 and "b1 h2/1 s25/33" in said[0], [str(w.message) for w in caught]
+
+
+def test_configure_refuses_bad_settings_by_name(fresh, monkeypatch):
+    with pytest.raises(ValueError, match="tune='always'.*'on-miss'"):
+        autoflash.configure(tune="always")
+    with pytest.raises(ValueError, match="budget_s=0"):
+        autoflash.configure(budget_s=0)
+    monkeypatch.setenv(on_miss.TUNE_ENV, "yes")
+    monkeypatch.setattr(on_miss, "_settings", None)
+    with pytest.raises(ValueError, match="AUTOFLASH_TUNE='yes': use 1"):
+        on_miss.settings()
+
+
+def start_rank(tmp_path, seqlen_q: int, budget_s: float) -> subprocess.Popen:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    env = {**os.environ, "AUTOFLASH_TUNE": "1", "AUTOFLASH_TUNE_BUDGET_S": str(budget_s),
+           urls.DB_ENV: str(tmp_path / "user.db"), "TRITON_INTERPRET": "1"}
+    return subprocess.Popen([sys.executable, str(script), str(seqlen_q)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(rank: subprocess.Popen, timeout: float = 300) -> dict:
+    out, err = rank.communicate(timeout=timeout)
+    assert rank.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_ranks_started_at_once_one_tunes_all_run_its_choice_and_later_processes_read_it(tmp_path):
+    ranks = [start_rank(tmp_path, 40, budget_s=1) for _ in range(3)]
+    results = [finish(rank) for rank in ranks]
+    for result in results:
+        print(result)
+    tuned = [r for r in results if r["on_miss"].startswith("tuned here")]
+    assert len(tuned) == 1, results
+    assert all(r["on_miss"].startswith(("waited", "tuned on first use by another")) for r in results if r not in tuned)
+    assert len({r["knobs"] for r in results}) == 1 and all(r["correct"] for r in results)
+    recorded = tuned[0]["trials"][0]
+    assert recorded > 0 and all(r["trials"] == [recorded, recorded] for r in results)  # the second call tunes nothing
+    store = Store(str(tmp_path / "user.db"))
+    assert store.count_trials() == recorded
+    store.close()
+
+    later = finish(start_rank(tmp_path, 40, budget_s=1))
+    assert later["on_miss"] == "" and later["knobs"] == results[0]["knobs"] and later["trials"] == [recorded] * 2
+
+
+def test_a_tuner_killed_mid_search_keeps_its_trials_and_holds_no_one_up(tmp_path):
+    budget_s = 120  # the claim lasts this plus a margin: no one may wait that long for a dead tuner
+    tuner = start_rank(tmp_path, 38, budget_s)
+    deadline = time.monotonic() + 240
+    while _ok_trials(tmp_path) < 2:
+        assert tuner.poll() is None and time.monotonic() < deadline, "the tuner recorded no trial"
+        time.sleep(0.5)
+    waiter = start_rank(tmp_path, 38, budget_s)
+    time.sleep(3)  # the waiter may be waiting for the claim when the tuner dies, or start after: the same result
+    tuner.send_signal(signal.SIGKILL)
+    tuner.wait()
+    kept = _ok_trials(tmp_path)
+    started = time.monotonic()
+    result = finish(waiter, timeout=budget_s)
+    assert time.monotonic() - started < 60, "the waiter waited for a dead tuner"
+    assert kept >= 2 and result["trials"] == [_trials(tmp_path)] * 2  # nothing lost, nothing tuned again
+    assert result["correct"] and '"family"' in result["knobs"]
+    assert result["on_miss"].startswith(("waited", "tuned on first use by another")), result
+
+
+def _trials(tmp_path, status=None) -> int:
+    if not (tmp_path / "user.db").exists():
+        return 0
+    store = Store(str(tmp_path / "user.db"))
+    try:
+        return store.count_trials(status)
+    finally:
+        store.close()
+
+
+def _ok_trials(tmp_path) -> int:
+    return _trials(tmp_path, "ok")
