@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import autoflash
+from autoflash import codegen
 from autoflash.db import urls
 from autoflash.db.store import Store
 from autoflash.reference import attention_reference
@@ -33,6 +34,7 @@ def main():
     torch.manual_seed(0)
     q = torch.randn(1, 2, int(sys.argv[1]), 32, dtype=torch.float16)
     k, v = torch.randn(1, 1, 33, 32, dtype=torch.float16), torch.randn(1, 1, 33, 32, dtype=torch.float16)
+    print("calling", flush=True)
     started = time.monotonic()
     out = autoflash.attention(q, k, v, causal=True)
     first_s = time.monotonic() - started
@@ -138,7 +140,7 @@ def test_ranks_started_at_once_one_tunes_all_run_its_choice_and_later_processes_
         print(result)
     tuned = [r for r in results if r["on_miss"].startswith("tuned here")]
     assert len(tuned) == 1, results
-    assert all(r["on_miss"].startswith(("waited", "tuned on first use by another")) for r in results if r not in tuned)
+    assert all(r["on_miss"] == "" or r["on_miss"].startswith("waited") for r in results if r not in tuned)
     assert len({r["knobs"] for r in results}) == 1 and all(r["correct"] for r in results)
     recorded = tuned[0]["trials"][0]
     assert recorded > 0 and all(r["trials"] == [recorded, recorded] for r in results)  # the second call tunes nothing
@@ -154,20 +156,26 @@ def test_a_tuner_killed_mid_search_keeps_its_trials_and_holds_no_one_up(tmp_path
     budget_s = 120  # the claim lasts this plus a margin: no one may wait that long for a dead tuner
     tuner = start_rank(tmp_path, 38, budget_s)
     deadline = time.monotonic() + 240
-    while _ok_trials(tmp_path) < 2:
+    while _trials(tmp_path, "ok") < 2:
         assert tuner.poll() is None and time.monotonic() < deadline, "the tuner recorded no trial"
         time.sleep(0.5)
     waiter = start_rank(tmp_path, 38, budget_s)
-    time.sleep(3)  # the waiter may be waiting for the claim when the tuner dies, or start after: the same result
+    assert waiter.stdout.readline() == "calling\n"
+    time.sleep(2)  # the waiter finds the tuner's claim and waits
     tuner.send_signal(signal.SIGKILL)
     tuner.wait()
-    kept = _ok_trials(tmp_path)
+    kept = _trials(tmp_path)
     started = time.monotonic()
-    result = finish(waiter, timeout=budget_s)
-    assert time.monotonic() - started < 60, "the waiter waited for a dead tuner"
-    assert kept >= 2 and result["trials"] == [_trials(tmp_path)] * 2  # nothing lost, nothing tuned again
-    assert result["correct"] and '"family"' in result["knobs"]
-    assert result["on_miss"].startswith(("waited", "tuned on first use by another")), result
+    waited = finish(waiter, timeout=budget_s)
+    assert time.monotonic() - started < 30, "the waiter waited for a dead tuner"
+    later = finish(start_rank(tmp_path, 38, budget_s), timeout=60)  # the dead tuner's claim still stands
+    assert waited["on_miss"].startswith("waited") and later["on_miss"] == "", (waited, later)
+    assert kept >= 2 and waited["trials"] == later["trials"] == [kept] * 2  # nothing lost, nothing tuned again
+    store = Store(str(tmp_path / "user.db"))
+    best = store.best("interpreter", codegen.template_fingerprint("tl"))
+    store.close()
+    assert len(best) == 1 and waited["correct"] and later["correct"]
+    assert json.loads(waited["knobs"]) == json.loads(later["knobs"]) == json.loads(best[0].knobs)  # the dead's best
 
 
 def _trials(tmp_path, status=None) -> int:
@@ -178,7 +186,3 @@ def _trials(tmp_path, status=None) -> int:
         return store.count_trials(status)
     finally:
         store.close()
-
-
-def _ok_trials(tmp_path) -> int:
-    return _trials(tmp_path, "ok")

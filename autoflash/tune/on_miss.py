@@ -44,7 +44,7 @@ class Settings:
 
 
 _settings: Settings | None = None
-_outcomes: dict[tuple[Problem, str, str], str] = {}  # (problem, GPU family, direction) -> what on-miss did
+_outcomes: dict[tuple[Problem, str, str], str | None] = {}  # (problem, GPU family, direction) -> what on-miss did
 _warned: set[str] = set()
 
 
@@ -86,28 +86,33 @@ def settings() -> Settings:
 
 
 def settle(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) -> None:
-    """Where on-miss tuning is on and `problem`'s `direction` has no exact tuned record: tune it here, or wait for
-    the process tuning it; then `dispatcher` reads the databases again. Once per process, problem and direction."""
+    """Where on-miss tuning is on: wait for the process tuning `problem`'s `direction`, or tune it here where no
+    database holds an exact record of it; then `dispatcher` reads the databases again (what it read before may
+    predate that tuning). Once per process, problem and direction."""
     key = (problem, gpu.family, direction)
-    if settings().mode == "off" or key in _outcomes or _exact(dispatcher, problem, gpu, direction):
+    if settings().mode == "off" or key in _outcomes:
         return
     # A process that multiprocessing is starting runs its parent's script: its parent may be the tuner it would
     # wait for, waiting for it in turn.
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         return
+    chosen = dispatcher.choice(problem, gpu, direction)
+    exact = _exact(chosen, problem)
     try:
         from autoflash.db.store import Store  # the tune extra: SQLAlchemy, and Optuna for the search
         import optuna  # noqa: F401
     except ModuleNotFoundError as e:
-        _outcomes[key] = f"not tuned: the tune extra is missing ({e.name})"
-        _warn_once("extra", "autoflash tunes on first use (AUTOFLASH_TUNE=1 or configure(tune='on-miss')) with the "
-                            f"tune extra, which is not installed ({e.name} is missing): pip install "
-                            "'autoflash[tune]'. Running untuned choices meanwhile.")
+        _outcomes[key] = None if exact else f"not tuned: the tune extra is missing ({e.name})"
+        if not exact:
+            _warn_once("extra", "autoflash tunes on first use (AUTOFLASH_TUNE=1 or configure(tune='on-miss')) with "
+                                f"the tune extra, which is not installed ({e.name} is missing): pip install "
+                                "'autoflash[tune]'. Running untuned choices meanwhile.")
         return
     try:
         store = Store()
         try:
-            _outcomes[key] = _tune_or_wait(store, problem, gpu, direction, settings().budget_s)
+            tuned_elsewhere = exact and chosen.source != store.url
+            _outcomes[key] = _tune_or_wait(store, problem, gpu, direction, settings().budget_s, tuned_elsewhere)
         finally:
             store.close()
     except Exception as e:  # never the caller's failure: the fallback runs
@@ -122,34 +127,43 @@ def outcome(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) 
     key = (problem, gpu.family, direction)
     if key in _outcomes:
         return _outcomes[key]
-    if settings().mode == "off" or _exact(dispatcher, problem, gpu, direction):
+    if settings().mode == "off" or _exact(dispatcher.choice(problem, gpu, direction), problem):
         return None
     return f"on: the first {'call' if direction == 'fwd' else 'backward'} tunes it"
 
 
-def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float) -> str:
+def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float, tuned_elsewhere: bool
+                  ) -> str | None:
+    """Wait for a live claim on the problem; else tune it where the store has no passed trial of it (and no other
+    database an exact record). What happened, for explain; None: nothing."""
     started = time.monotonic()
-    if not store.claim_problem(gpu, problem, direction, budget_s + STARTUP_S + TRIAL_TIMEOUT_S):
-        while store.problem_claim_live(gpu, problem, direction):  # ends with the claim's expiry at the latest
-            time.sleep(POLL_S)
-        return f"waited {time.monotonic() - started:.1f} s for another process tuning it on first use"
-    try:
-        if _has_trials(store, problem, gpu, direction):
-            return "tuned on first use by another process"
-        from autoflash.tune.runner import Runner
-        from autoflash.tune.tuner import tune_problem
-
-        with Runner(interpret=gpus.interpreting(), trial_timeout=TRIAL_TIMEOUT_S) as runner:
-            report = tune_problem(problem, gpu=gpu, store=store, runner=runner, direction=direction,
-                                  n_trials=TRIALS, time_budget=budget_s / len(families.searched(direction)))
-        return f"tuned here on first use: {report.trials} trials ({report.failures} failed) in {report.wall_s:.1f} s"
-    finally:
-        store.release_problem(gpu, problem, direction)
+    if not store.problem_claim_live(gpu, problem, direction):
+        if tuned_elsewhere or _has_trials(store, problem, gpu, direction):
+            return None
+        if store.claim_problem(gpu, problem, direction, budget_s + STARTUP_S + TRIAL_TIMEOUT_S):
+            try:
+                return _tune(store, problem, gpu, direction, budget_s)
+            finally:
+                store.release_problem(gpu, problem, direction)
+    while store.problem_claim_live(gpu, problem, direction):  # ends with the claim's expiry at the latest
+        time.sleep(POLL_S)
+    return f"waited {time.monotonic() - started:.1f} s for another process tuning it on first use"
 
 
-def _exact(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) -> bool:
-    tuned = dispatcher.choice(problem, gpu, direction).tuned
-    return tuned is not None and tuned.problem == problem
+def _tune(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float) -> str | None:
+    if _has_trials(store, problem, gpu, direction):  # tuned between the first look and the claim
+        return None
+    from autoflash.tune.runner import Runner
+    from autoflash.tune.tuner import tune_problem
+
+    with Runner(interpret=gpus.interpreting(), trial_timeout=TRIAL_TIMEOUT_S) as runner:
+        report = tune_problem(problem, gpu=gpu, store=store, runner=runner, direction=direction, n_trials=TRIALS,
+                              time_budget=budget_s / len(families.searched(direction)))
+    return f"tuned here on first use: {report.trials} trials ({report.failures} failed) in {report.wall_s:.1f} s"
+
+
+def _exact(chosen, problem: Problem) -> bool:
+    return chosen.tuned is not None and chosen.tuned.problem == problem
 
 
 def _has_trials(store, problem: Problem, gpu: Gpu, direction: str) -> bool:
