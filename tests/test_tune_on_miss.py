@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import warnings
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import torch
@@ -186,3 +187,27 @@ def _trials(tmp_path, status=None) -> int:
         return store.count_trials(status)
     finally:
         store.close()
+
+
+def test_a_dead_tuners_claim_ends_the_wait_but_stands_until_it_expires(tmp_path, monkeypatch):
+    from autoflash.db import store as stores
+    from autoflash.gpu import INTERPRETER
+    from autoflash.problem import Problem
+
+    problem = Problem(1, 2, 1, 40, 33, 32, True, "float16")
+    store = Store(str(tmp_path / "user.db"))
+    assert store.claim_problem(INTERPRETER, problem, "fwd", 60)
+    assert store.problem_claim_live(INTERPRETER, problem, "fwd")
+    assert store.claim_problem(INTERPRETER, problem, "bwd", 60)  # each direction its own claim
+    store.release_problem(INTERPRETER, problem, "fwd")
+    assert not store.problem_claim_live(INTERPRETER, problem, "fwd")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    monkeypatch.setattr(stores.os, "getpid", lambda: dead.pid)  # as the claim of a process that died
+    assert store.claim_problem(INTERPRETER, problem, "fwd", 60)
+    monkeypatch.undo()
+    assert not store.problem_claim_live(INTERPRETER, problem, "fwd")  # no one waits for the dead
+    assert not store.claim_problem(INTERPRETER, problem, "fwd", 60)  # nor tunes again before it would expire
+    monkeypatch.setattr(stores, "_now", lambda: datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(seconds=61))
+    assert store.claim_problem(INTERPRETER, problem, "fwd", 60)  # expired: taken over
+    store.close()

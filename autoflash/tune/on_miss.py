@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 from autoflash import codegen, families, gpu as gpus
-from autoflash.db.urls import configure_user_db
+from autoflash.db.urls import configure_user_db, default_url
 from autoflash.dispatch import Dispatcher
 from autoflash.gpu import Gpu
 from autoflash.problem import Problem
@@ -98,6 +98,9 @@ def settle(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) -
         return
     chosen = dispatcher.choice(problem, gpu, direction)
     exact = _exact(chosen, problem)
+    if exact and chosen.source != default_url():  # tuned in a shipped database: on-miss never tunes it
+        _outcomes[key] = None
+        return
     try:
         from autoflash.db.store import Store  # the tune extra: SQLAlchemy, and Optuna for the search
         import optuna  # noqa: F401
@@ -111,8 +114,7 @@ def settle(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) -
     try:
         store = Store()
         try:
-            tuned_elsewhere = exact and chosen.source != store.url
-            _outcomes[key] = _tune_or_wait(store, problem, gpu, direction, settings().budget_s, tuned_elsewhere)
+            _outcomes[key] = _tune_or_wait(store, problem, gpu, direction, settings().budget_s)
         finally:
             store.close()
     except Exception as e:  # never the caller's failure: the fallback runs
@@ -132,13 +134,12 @@ def outcome(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) 
     return f"on: the first {'call' if direction == 'fwd' else 'backward'} tunes it"
 
 
-def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float, tuned_elsewhere: bool
-                  ) -> str | None:
-    """Wait for a live claim on the problem; else tune it where the store has no passed trial of it (and no other
-    database an exact record). What happened, for explain; None: nothing."""
+def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float) -> str | None:
+    """Wait for a live claim on the problem; else tune it where the store has no passed trial of it. What happened,
+    for explain; None: nothing."""
     started = time.monotonic()
     if not store.problem_claim_live(gpu, problem, direction):
-        if tuned_elsewhere or _has_trials(store, problem, gpu, direction):
+        if _has_trials(store, problem, gpu, direction):
             return None
         if store.claim_problem(gpu, problem, direction, budget_s + STARTUP_S + TRIAL_TIMEOUT_S):
             try:
