@@ -13,6 +13,12 @@ same ones (its best trial, or the fallback where none passed). Its claim stands 
 that no other process of the job tunes the problem again meanwhile. Errors never reach the caller: a warning, once,
 and the choice dispatch had (the fallback).
 
+Why the others wait rather than run the fallback meanwhile: a call signature keeps the variant chosen at its first
+call for the life of the process (autoflash/api.py), so a rank that ran the fallback meanwhile would keep running it,
+apart from the tuner's choice. The one case left open: a search that overruns its claim (a trial still running at
+the budget plus the margin) ends the wait, and the waiters read the trials recorded so far; the tuner's final choice
+may be another. A dead tuner on another host (a shared PostgreSQL database) holds its waiters until its claim expires.
+
 Without the tune extra (SQLAlchemy, Optuna) on-miss says once what to install and runs the fallback.
 """
 
