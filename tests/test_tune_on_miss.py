@@ -16,8 +16,11 @@ import torch
 
 import autoflash
 from autoflash import codegen
+from autoflash.api import DISPATCHER
 from autoflash.db import urls
 from autoflash.db.store import Store
+from autoflash.gpu import INTERPRETER
+from autoflash.problem import Problem
 from autoflash.reference import attention_reference
 from autoflash.tune import on_miss
 
@@ -28,6 +31,8 @@ import json, sys, time
 import torch
 import autoflash
 from autoflash.db.store import Store
+from autoflash.gpu import INTERPRETER
+from autoflash.problem import Problem
 from autoflash.reference import attention_reference
 
 
@@ -64,7 +69,9 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv(on_miss.TUNE_ENV, raising=False)
     monkeypatch.delenv(urls.DB_ENV, raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
-    return tmp_path / "autoflash" / "tuning.db"
+    yield tmp_path / "autoflash" / "tuning.db"
+    for direction in ("fwd", "bwd"):  # what this test's databases held is no other test's
+        DISPATCHER.forget(INTERPRETER.family, direction)
 
 
 def inputs(seqlen_q: int):
@@ -106,6 +113,28 @@ def test_a_failing_tuner_warns_once_and_runs_the_fallback(fresh, tmp_path):
             assert_correct(autoflash.attention(q, k, v, causal=True), q, k, v)
     said = [str(w.message) for w in caught if "could not tune" in str(w.message)]
     assert len(said) == 1 and "b1 h2/1 s25/33" in said[0], [str(w.message) for w in caught]
+
+
+def test_configured_the_first_forward_and_backward_tune_into_the_named_database(fresh, tmp_path):
+    autoflash.configure(tune="on-miss", budget_s=1, db=tmp_path / "mine.db")
+    q, k, v = (t.float().requires_grad_() for t in inputs(23))
+    out = autoflash.attention(q, k, v, causal=True)
+    store = Store(str(tmp_path / "mine.db"))
+    tuned_fwd = store.count_trials()
+    out.backward(dout := torch.randn_like(out))
+    tuned = store.count_trials()
+    store.close()
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    attention_reference(qd, kd, vd, causal=True)[0].backward(dout.double())
+    for grad, expected in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        torch.testing.assert_close(grad.double(), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.detach().double(), attention_reference(qd, kd, vd, causal=True)[0],
+                               atol=1e-4, rtol=1e-4)
+    explained = autoflash.explain(q.detach(), k.detach(), v.detach(), causal=True)
+    assert 0 < tuned_fwd < tuned and not fresh.exists(), explained
+    for direction in ("fwd", "bwd"):
+        assert f"{direction} on-miss: tuned here on first use" in explained and \
+            f"{direction} why:     exact problem tuned" in explained, explained
 
 
 def test_configure_refuses_bad_settings_by_name(fresh, monkeypatch):
@@ -191,8 +220,6 @@ def _trials(tmp_path, status=None) -> int:
 
 def test_a_dead_tuners_claim_ends_the_wait_but_stands_until_it_expires(tmp_path, monkeypatch):
     from autoflash.db import store as stores
-    from autoflash.gpu import INTERPRETER
-    from autoflash.problem import Problem
 
     problem = Problem(1, 2, 1, 40, 33, 32, True, "float16")
     store = Store(str(tmp_path / "user.db"))

@@ -58,10 +58,10 @@ def default_url() -> str:
 
 
 def user_url() -> str | None:
-    """The user's database if there is one: the configured one or $AUTOFLASH_DB, else the default SQLite file when
-    it exists."""
+    """The user's database if there is one: $AUTOFLASH_DB, else the configured one or the default SQLite file when it
+    exists (the first tuning on first use creates it)."""
     url = default_url()
     path = sqlite_path(url)
-    if _configured or os.environ.get(DB_ENV) or path is None or Path(path).exists():
+    if os.environ.get(DB_ENV) and not _configured or path is None or Path(path).exists():
         return url
     return None
