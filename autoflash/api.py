@@ -141,12 +141,12 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> _Pl
         out_like = torch.empty_like(q_checked) if out is None else out
         lse_like = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
         tensors = (q_checked, k_checked, v_checked, out_like)
-        variant = codegen.load(DISPATCHER.for_call(problem, gpu, "fwd", tensors).knobs)
+        variant = codegen.load(_chosen(problem, gpu, "fwd", tensors).knobs)
         forward = variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, causal)
         training_forward = forward if return_lse else _built_at_first_call(
             lambda q, k, v, out, lse: variant.forward_plan(q, k, v, out, lse, scale, causal))
         launch_backward = _built_at_first_call(lambda *args: _backward_launcher(
-            codegen.load(DISPATCHER.for_call(problem, gpu, "bwd", tensors, deterministic).knobs), scale, causal))
+            codegen.load(_chosen(problem, gpu, "bwd", tensors, deterministic).knobs), scale, causal))
 
     def forward_with_lse(q, k, v):
         out = torch.empty_like(q)
@@ -181,6 +181,14 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> _Pl
         return out
     plan = _Plan(run, forward_with_lse, backward)
     return plan
+
+
+def _chosen(problem: Problem, gpu: gpus.Gpu, direction: str, tensors, deterministic: bool = False):
+    """DISPATCHER.for_call, once `problem` is tuned on first use where that is on (autoflash/tune/on_miss.py)."""
+    from autoflash.tune import on_miss  # at a call signature's first call only: never on the hot path
+
+    on_miss.settle(DISPATCHER, problem, gpu, direction)
+    return DISPATCHER.for_call(problem, gpu, direction, tensors, deterministic)
 
 
 def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic) -> _Plan:
@@ -261,6 +269,8 @@ DISPATCHER = Dispatcher()
 def explain(q, k, v, *, causal=False, deterministic=False) -> str:
     """Which forward and backward variants `attention(q, k, v, causal=causal)` runs, where they come
     from and why. Lines of the backward start with 'bwd', those of the forward with 'fwd'."""
+    from autoflash.tune import on_miss
+
     q, k, v = _checked(q, k, v)
     problem = Problem.from_tensors(q, k, causal)
     gpu = gpus.current(q.device)
@@ -276,6 +286,8 @@ def explain(q, k, v, *, causal=False, deterministic=False) -> str:
             if why:
                 running = "the default" if choice.tuned is None else "the nearest tuned problem's variant"
                 lines.append(f"{direction} tuned:   {why}; running {running}")
+        if on_miss_note := on_miss.outcome(DISPATCHER, problem, gpu, direction):
+            lines.append(f"{direction} on-miss: {on_miss_note}")
         lines.append(f"{direction} knobs:   {choice.knobs.to_json()}")
     return "\n".join(lines)
 

@@ -111,6 +111,13 @@ class Dispatcher:
                                                         for url in self.urls()]
             return self._sources[gpu_family, direction]
 
+    def forget(self, gpu_family: str, direction: str) -> None:
+        """Read `gpu_family`'s `direction` sources again at the next choice (a tuner just recorded new trials)."""
+        with self._lock:
+            self._sources.pop((gpu_family, direction), None)
+            for key in [k for k in self._choices if k[1].family == gpu_family and k[2] == direction]:
+                del self._choices[key]
+
     def why_untuned(self, problem: Problem, gpu: Gpu, direction: str = "fwd") -> str | None:
         """Why the first source that tuned `problem` without a working variant (none valid, or every trial
         failed) has none; None where no source did. For explain: it reads the databases at each call."""

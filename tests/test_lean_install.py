@@ -70,6 +70,17 @@ SCRIPT = textwrap.dedent("""
             f"Error: autoflash {args[0]} needs {missing}, which is not installed: pip install 'autoflash[tune]'\\n"), \\
             (args, result.output, result.exception)
     print("checked: tune, show and merge name the extra to install")
+
+    import warnings
+    autoflash.configure(tune="on-miss")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seqlen_q in (29, 30):  # untuned problems: one warning, the fallback runs
+            q, k, v = make_qkv(1, 2, 1, seqlen_q, 33, 32, torch.float16, "cpu", seed=5)
+            assert_matches_reference(autoflash.attention(q, k, v, causal=True, return_lse=True)[0], None, q, k, v, True)
+    said = [str(w.message) for w in caught if "pip install 'autoflash[tune]'" in str(w.message)]
+    assert len(said) == 1 and "sqlalchemy" in said[0], [str(w.message) for w in caught]
+    print("checked: tuning on first use names the extra once and runs the fallback")
     assert not set(BLOCKED) & set(sys.modules), "a blocked module was imported"
     print("lean ok")
 """)

@@ -104,3 +104,20 @@ class ClaimRow(Base):
     host: Mapped[str] = mapped_column(String(128))
     pid: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class ProblemClaimRow(Base):
+    """A problem and direction one process is tuning on first use (autoflash/tune/on_miss.py), until `expires_at`:
+    unique, so that of many processes (data-parallel ranks) one tunes and the others wait for it. Deleted when its
+    tuner is done. One whose process died still stands until `expires_at`, so that no other process of the same job
+    tunes the problem again and ranks keep reading one choice (Store.claim_problem)."""
+    __tablename__ = "autoflash_problem_claims"
+    __table_args__ = (UniqueConstraint("gpu_family", "problem_id", "direction"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_family: Mapped[str] = mapped_column(String(64))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("autoflash_problems.id"))
+    direction: Mapped[str] = mapped_column(String(8))
+    host: Mapped[str] = mapped_column(String(128))
+    pid: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    expires_at: Mapped[datetime] = mapped_column(DateTime)

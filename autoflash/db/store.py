@@ -27,8 +27,8 @@ from autoflash._version import __version__
 from autoflash.db.base import (DB_HINT, SCHEMA_VERSION, BestTrial, SchemaMismatch, StoreError, Trial,
                                best_per_problem, cannot_open, connect_readonly, missing_driver, no_tables,
                                schema_mismatch, unusable_reasons)
-from autoflash.db.models import (STATUSES, Base, BaselineRow, ClaimRow, GpuRow, ProblemRow, SchemaVersion, TrialRow,
-                                 VariantRow)
+from autoflash.db.models import (STATUSES, Base, BaselineRow, ClaimRow, GpuRow, ProblemClaimRow, ProblemRow,
+                                 SchemaVersion, TrialRow, VariantRow)
 from autoflash.db.urls import as_url, default_url, sqlite_path
 from autoflash.gpu import Gpu
 from autoflash.problem import Problem
@@ -242,6 +242,52 @@ class Store:
         with Session(self.engine) as s:
             s.execute(delete(ClaimRow).where(ClaimRow.host == _host(), ClaimRow.pid == os.getpid()))
             s.commit()
+
+    @_store_errors
+    def claim_problem(self, gpu: Gpu, problem: Problem, direction: str, seconds: float) -> bool:
+        """Claim `problem`'s `direction` on `gpu`'s family for this process for `seconds` (tuning on first use):
+        True when this process holds it now, False when another claim stands. A claim stands until it is released
+        or `seconds` after it was made, even where its process died: until then no other process tunes the problem
+        again, so that the ranks of one job all read the choice of the one that tuned (or the same fallback)."""
+        with Session(self.engine) as s:
+            problem_id = self._problem(s, problem).id
+            s.commit()
+        with Session(self.engine) as s:
+            s.execute(update(ProblemRow).where(ProblemRow.id == problem_id).values(key=ProblemRow.key))  # the lock
+            s.execute(delete(ProblemClaimRow).where(*self._problem_claim(gpu, problem_id, direction),
+                                                    ProblemClaimRow.expires_at <= _now()))
+            if s.scalars(select(ProblemClaimRow.id).where(*self._problem_claim(gpu, problem_id, direction))).first():
+                return False
+            now = _now()
+            s.add(ProblemClaimRow(gpu_family=gpu.family, problem_id=problem_id, direction=direction, host=_host(),
+                                  pid=os.getpid(), created_at=now, expires_at=now + timedelta(seconds=seconds)))
+            s.commit()
+        return True
+
+    @_store_errors
+    def problem_claim_live(self, gpu: Gpu, problem: Problem, direction: str) -> bool:
+        """Whether a process alive (on another host: whose claim has not expired) holds `claim_problem`'s claim."""
+        with Session(self.engine) as s:
+            claim = s.execute(select(ProblemClaimRow.host, ProblemClaimRow.pid, ProblemClaimRow.expires_at)
+                              .join(ProblemRow, ProblemRow.id == ProblemClaimRow.problem_id)
+                              .where(ProblemRow.key == problem.key(), ProblemClaimRow.gpu_family == gpu.family,
+                                     ProblemClaimRow.direction == direction)).first()
+        return claim is not None and claim.expires_at > _now() and not _abandoned(claim.host, claim.pid, _now())
+
+    @_store_errors
+    def release_problem(self, gpu: Gpu, problem: Problem, direction: str) -> None:
+        """Drop this process's `claim_problem` claim."""
+        with Session(self.engine) as s:
+            problem_id = self._problem(s, problem).id
+            s.execute(delete(ProblemClaimRow).where(*self._problem_claim(gpu, problem_id, direction),
+                                                    ProblemClaimRow.host == _host(),
+                                                    ProblemClaimRow.pid == os.getpid()))
+            s.commit()
+
+    @staticmethod
+    def _problem_claim(gpu: Gpu, problem_id: int, direction: str) -> tuple:
+        return (ProblemClaimRow.gpu_family == gpu.family, ProblemClaimRow.problem_id == problem_id,
+                ProblemClaimRow.direction == direction)
 
     @_store_errors
     def record_baseline(self, gpu: Gpu, problem: Problem, backend: str, median_ms: float) -> None:

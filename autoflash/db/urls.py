@@ -37,9 +37,20 @@ def sqlite_path(url: str) -> str | None:
     return unquote(rest[1:].split("?", 1)[0]) or ":memory:"
 
 
+_configured: str | None = None  # autoflash.configure(db=...)
+
+
+def configure_user_db(db: str | os.PathLike | None) -> None:
+    """Make `db` (a URL or a file path; None: back to the environment's) this process's user database."""
+    global _configured
+    _configured = None if db is None else as_url(db)
+
+
 def default_url() -> str:
-    """$AUTOFLASH_DB (a URL or a file path), else SQLite at $XDG_DATA_HOME/autoflash/tuning.db
-    (~/.local/share/autoflash/tuning.db)."""
+    """The database `configure_user_db` named, else $AUTOFLASH_DB (a URL or a file path), else SQLite at
+    $XDG_DATA_HOME/autoflash/tuning.db (~/.local/share/autoflash/tuning.db)."""
+    if _configured:
+        return _configured
     if os.environ.get(DB_ENV):
         return as_url(os.environ[DB_ENV])
     return as_url(Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "autoflash" /
@@ -47,9 +58,10 @@ def default_url() -> str:
 
 
 def user_url() -> str | None:
-    """The user's database if there is one: $AUTOFLASH_DB, else the default SQLite file when it exists."""
+    """The user's database if there is one: $AUTOFLASH_DB, else the configured one or the default SQLite file when it
+    exists (the first tuning on first use creates it)."""
     url = default_url()
     path = sqlite_path(url)
-    if os.environ.get(DB_ENV) or path is None or Path(path).exists():
+    if os.environ.get(DB_ENV) and not _configured or path is None or Path(path).exists():
         return url
     return None

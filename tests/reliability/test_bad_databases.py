@@ -17,7 +17,7 @@ import autoflash
 from autoflash import api, codegen
 from autoflash.cli import main
 from autoflash.db import records
-from autoflash.db.base import StoreError
+from autoflash.db.base import SCHEMA_VERSION, StoreError
 from autoflash.db.store import Store
 from autoflash.db.urls import as_url, sqlite_path, user_url
 from autoflash.dispatch import Dispatcher
@@ -48,6 +48,7 @@ BROKEN_KNOBS = {  # knobs text -> what a faster trial of PROBLEM stores instead 
     "a value not offered": GOOD.to_json().replace('"block_m": 32', '"block_m": 48'),
     "an unknown knob": GOOD.to_json().replace('"exp": "exp"', '"exp": "exp", "warp_size": 64'),
     "a JSON list": "[1, 2]",
+    "code in a value": GOOD.to_json().replace('"exp": "exp"', '"exp": "exp\\")\\nimport os; os.system(\\"id\\")#"'),
 }
 
 
@@ -71,7 +72,7 @@ def tampered(tmp_path) -> str:
         other = dataclasses.replace(PROBLEM, batch=2 + i)  # the nearest neighbour of a batch-2 call
         record(store, other, GOOD, 0.5)
         record(store, other, GOOD_BWD, 0.5)
-    faster = [dataclasses.replace(GOOD, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 3, 4, 5)]
+    faster = [dataclasses.replace(GOOD, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2, 3, 4, 5)]
     for knobs in faster[:len(BROKEN_KNOBS) + 3]:
         record(store, PROBLEM, knobs, 1.0)
     store.close()
@@ -100,7 +101,7 @@ def test_malformed_rows_are_skipped_with_one_warning_per_read(tampered):
     assert [(b.problem, b.knobs, b.median_ms) for b in best] == [(PROBLEM, GOOD.to_json(), 2.0)]
     [message] = skip_warnings(caught)
     broken = len(BROKEN_PROBLEMS) + len(BROKEN_KNOBS) + 3
-    assert f"skips {broken} unusable fwd trial(s) of {tampered}" in message and "and 10 more" in message
+    assert f"skips {broken} unusable fwd trial(s) of {tampered}" in message and f"and {broken - 5} more" in message
     assert "field 'heads_kv' must be a positive integer, got 0" in message
     assert "\n" not in message
 
@@ -108,8 +109,8 @@ def test_malformed_rows_are_skipped_with_one_warning_per_read(tampered):
 @pytest.mark.parametrize("reason", ["must be a positive integer, got 0", "must divide heads_q", "'dtype' must be one",
                                     "'causal' must be true or false", "got 40.5", "Expecting property name",
                                     "block_m=64.0 is not one of", "block_m=48 is not one of", "unknown knobs",
-                                    "must be a JSON object", "median_ms is None", "median_ms is -1.0",
-                                    "median_ms is inf"])
+                                    "must be a JSON object", "exp='exp\")\\nimport os; os.system(\"id\")#' is not one of",
+                                    "median_ms is None", "median_ms is -1.0", "median_ms is inf"])
 def test_each_kind_of_malformed_row_is_named(tampered, reason, monkeypatch):
     monkeypatch.setattr("autoflash.db.base._SKIPPED_NAMED", 100)
     with warnings.catch_warnings(record=True) as caught:
@@ -145,10 +146,20 @@ def test_the_store_skips_them_too(tampered):
     (b"this is not a database" * 100, "file is not a database"),
     (b"", "holds no autoflash tables"),
     ("truncated", "malformed"),
+    ("future schema", f"holds autoflash schema version {SCHEMA_VERSION + 1}, this autoflash"),
+    ("foreign", "holds no autoflash tables"),
 ])
 def test_unusable_files_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "bad.db"
-    if content == "truncated":
+    if content == "future schema":  # written by a later autoflash
+        Store(path).close()
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE autoflash_schema SET version = ?", (SCHEMA_VERSION + 1,))
+    elif content == "foreign":  # another program's SQLite database
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+            db.execute("INSERT INTO users (name) VALUES ('ada')")
+    elif content == "truncated":
         store = Store(path)
         for batch in range(1, 60):
             record(store, dataclasses.replace(PROBLEM, batch=batch), GOOD, 1.0)
