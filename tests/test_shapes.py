@@ -28,7 +28,10 @@ def test_fa_grid_has_24_problems_of_16k_tokens():
                                        for p in problems)
 
 
-@pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "examples").glob("*.yaml")))
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in EXAMPLES.rglob("*.yaml")))
 def test_every_example_file_loads(path):
     assert load_problems(path)
 

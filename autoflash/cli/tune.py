@@ -1,7 +1,9 @@
 """autoflash tune: search the variant space for each problem of a problems file, forward and/or backward."""
 
 import os
+import subprocess
 import sys
+import threading
 
 import click
 
@@ -25,9 +27,22 @@ from autoflash.tune import SAMPLERS
 @click.option("--workers", type=click.IntRange(min=0), help="compile processes [default: cores - 1; 0 when interpreting]")
 @click.option("--interpret", is_flag=True,
               help="run on the CPU in Triton's interpreter; results filed under GPU 'interpreter' (timings meaningless)")
-def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret):
+@click.option("--devices", help="GPUs to tune on, one tuner process each, sharing the database: indices such as "
+                                "0,1,3 [default: every visible GPU]; with --interpret, that many CPU tuners")
+@click.option("--begin-at", default="0/1", hidden=True,
+              help="i/N: start at the i-th of N equal parts of the problems and go round (set by --devices)")
+def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret,
+         devices, begin_at):
     """Tune the kernels of every problem in SHAPES (forward, backward or both) and record every trial."""
     require_extra("tune", "optuna", "sqlalchemy")
+    chosen = device_list(devices, interpret)
+    # One tuner process per device; one device given that this process does not run on alone is one such process
+    # too (its compile and timing workers inherit CUDA_VISIBLE_DEVICES).
+    if len(chosen) > 1 or (devices and not interpret and os.environ.get("CUDA_VISIBLE_DEVICES") != chosen[0]):
+        options = dict(shapes=shapes_file, gpu=gpu_name, trials=trials, time_budget=time_budget, mode=mode,
+                       db=db_url, sampler=sampler, seed=seed, trial_timeout=trial_timeout, interpret=interpret,
+                       workers=workers if workers is not None else max(1, ((os.cpu_count() or 2) - 1) // len(chosen)))
+        sys.exit(fan_out(chosen, options))
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
     from optuna.exceptions import StorageInternalError
@@ -38,7 +53,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     from autoflash.families import DIRECTIONS
     from autoflash.tune.tuner import tune_problem
 
-    problems, here = problems_of(shapes_file), gpus.current()
+    problems, here = begin_at_part(problems_of(shapes_file), begin_at), gpus.current()
     if here.family == "interpreter" and not interpret:
         raise click.ClickException("no CUDA GPU here: pass --interpret to tune in Triton's interpreter")
     if gpu_name is not None and gpu_name.lower() != here.family:
@@ -74,6 +89,71 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     finally:
         if reports:
             click.echo(format_reports(reports))
+
+
+def device_list(devices: str | None, interpret: bool) -> list[str]:
+    """The --devices to tune on: the given indices, else every visible GPU (one under --interpret)."""
+    if devices is None:
+        if interpret:
+            return ["0"]
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())] or ["0"]
+    chosen = [d.strip() for d in devices.split(",") if d.strip()]
+    if not chosen or not all(d.isdigit() for d in chosen) or len(set(chosen)) != len(chosen):
+        raise click.BadParameter(f"expected distinct GPU indices such as 0,1,3, got {devices!r}",
+                                 param_hint="--devices")
+    return chosen
+
+
+def begin_at_part(problems: list, begin_at: str) -> list:
+    """The problems from the start of the i-th of N equal parts, round to the one before it: tuners that begin at
+    different parts spread over the problems, then each helps the others finish (claims keep them apart)."""
+    try:
+        part, parts = (int(x) for x in begin_at.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"expected i/N, got {begin_at!r}", param_hint="--begin-at") from None
+    start = len(problems) * part // max(parts, 1)
+    return problems[start:] + problems[:start]
+
+
+def fan_out(devices: list[str], options: dict) -> int:
+    """One `autoflash tune` per device (CUDA_VISIBLE_DEVICES=that device) on the same database, the i-th beginning
+    at the i-th part of the problems; their output line by line, prefixed by the device. A tuner that dies leaves
+    the others running (they take its claimed variants over, and finish its problems as they go round). The exit
+    status: 0 when every tuner succeeded, else the first failure's."""
+    args = [options["shapes"]]
+    for name in ("gpu", "trials", "time_budget", "mode", "db", "sampler", "seed", "trial_timeout", "workers"):
+        if options[name] is not None:
+            args += [f"--{name.replace('_', '-')}", str(options[name])]
+    args += ["--interpret"] if options["interpret"] else []
+    click.echo(f"tuning on {len(devices)} devices ({', '.join(devices)}), one process each, sharing the database")
+    children = []
+    for i, device in enumerate(devices):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=device)
+        command = [sys.executable, "-m", "autoflash", "tune", "--shapes", *args, "--devices", device,
+                   "--begin-at", f"{i}/{len(devices)}"]
+        children.append((device, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                  text=True)))
+    errors = {}
+
+    def relay(device, child):
+        for line in child.stdout:
+            click.echo(f"[gpu {device}] {line.rstrip()}")
+
+    def keep_errors(device, child):
+        errors[device] = child.stderr.read()  # progress bars and errors: shown for a tuner that failed
+    threads = [threading.Thread(target=f, args=pair) for pair in children for f in (relay, keep_errors)]
+    for thread in threads:
+        thread.start()
+    statuses = [child.wait() for _, child in children]
+    for thread in threads:
+        thread.join()
+    for (device, _), status in zip(children, statuses):
+        if status:
+            last = [line for line in errors[device].replace("\r", "\n").splitlines() if line.strip()][-3:]
+            click.echo(f"[gpu {device}] exited with status {status}: {' | '.join(last)}", err=True)
+    return next((status for status in statuses if status), 0)
 
 
 def database_failure(url: str, error: BaseException) -> str:

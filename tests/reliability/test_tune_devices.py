@@ -1,0 +1,42 @@
+"""`autoflash tune --devices`: one tuner process per device on one database; together they time each variant once
+and exactly --trials per problem, and each starts on its own part of the problems."""
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from autoflash.cli import main
+from autoflash.cli.tune import begin_at_part
+from tuning import TWO_PROBLEMS, assert_sound, problems_file
+
+
+def test_two_tuners_share_the_problems_and_time_each_variant_once(tmp_path):
+    shapes, db = problems_file(tmp_path, TWO_PROBLEMS), tmp_path / "shared.db"
+    run = subprocess.run([sys.executable, "-m", "autoflash", "tune", "--interpret", "--devices", "0,1", "--shapes",
+                          shapes, "--db", str(db), "--trials", "3", "--workers", "0"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "tuning on 2 devices (0, 1)" in run.stdout
+    assert "[gpu 0] tuning 2 problem(s)" in run.stdout and "[gpu 1] tuning 2 problem(s)" in run.stdout
+    rows = assert_sound(db)  # no variant timed twice
+    per_problem = {}
+    for _, key, _, _, _ in rows:
+        per_problem[key] = per_problem.get(key, 0) + 1
+    assert sorted(per_problem.values()) == [3, 3], per_problem
+
+
+def test_each_tuner_begins_at_its_own_part():
+    problems = list(range(7))
+    assert begin_at_part(problems, "0/2") == problems
+    assert begin_at_part(problems, "1/2") == [3, 4, 5, 6, 0, 1, 2]
+    assert begin_at_part(problems, "2/3") == [4, 5, 6, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("devices", ["0,0", "a,b", ","])
+def test_bad_devices_are_one_line_errors(tmp_path, devices):
+    result = CliRunner().invoke(main, ["tune", "--interpret", "--devices", devices, "--shapes",
+                                       problems_file(tmp_path, TWO_PROBLEMS), "--db", str(tmp_path / "x.db")])
+    assert result.exit_code == 2 and "distinct GPU indices" in result.output
+    assert not (tmp_path / "x.db").exists()
