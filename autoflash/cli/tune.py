@@ -143,10 +143,17 @@ def fan_out(devices: list[str], options: dict) -> int:
 
     def keep_errors(device, child):
         errors[device] = child.stderr.read()  # progress bars and errors: shown for a tuner that failed
+
     threads = [threading.Thread(target=f, args=pair) for pair in children for f in (relay, keep_errors)]
     for thread in threads:
         thread.start()
-    statuses = [child.wait() for _, child in children]
+    try:
+        statuses = [child.wait() for _, child in children]
+    except KeyboardInterrupt:  # the tuners heard it too (one process group): each saves what it finished
+        for _, child in children:
+            child.wait()
+        click.echo("\ninterrupted: every finished trial is saved; run the same command to resume", err=True)
+        return 130
     for thread in threads:
         thread.join()
     for (device, _), status in zip(children, statuses):
