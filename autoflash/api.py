@@ -61,7 +61,8 @@ def attention_forward(q, k, v, causal, softmax_scale, deterministic):
 
 def attention_backward(dout, q, k, v, out, lse, dlse, causal, softmax_scale, deterministic):
     """(dq, dk, dv) of the call `attention_forward(q, k, v, causal, softmax_scale, deterministic)` that returned
-    out and lse, given dout and dlse (None: lse was not used); dq, dk, dv are laid out like q, k, v."""
+    out and lse, given dout and dlse (None: lse was not used); dq, dk, dv are laid out like q, k, v. out and lse
+    may also be another attention's over more keys that these are part of (ring attention's merged ones)."""
     plan = _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic)[0]
     return plan.backward(q, k, v, out, lse, dout, dlse)
 
@@ -160,7 +161,7 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> _Pl
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
         dlse = None if dlse is None else dlse.contiguous()
-        launch_backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)
+        launch_backward(q, k, v, out, lse.contiguous(), dout, dq, dk, dv, dlse)
         return dq, dk, dv
 
     def run(q, k, v, out, addresses):
@@ -234,12 +235,14 @@ def _built_at_first_call(build):
 
 def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool):
     """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) for one call signature of attention: a plan for each
-    layout of the incoming gradients (dout's strides, dtype and alignment; dlse's presence and alignment), made
-    at its first call. q, k, v are laid out and aligned as the signature's; out, lse, dq, dk, dv are fresh."""
+    layout of out (fresh from the forward, or a slice of a larger output: ring attention's steps) and of the
+    incoming gradients (dout's strides, dtype and alignment; dlse's presence and alignment), made at its first
+    call. q, k, v are laid out and aligned as the signature's; lse is contiguous; dq, dk, dv are fresh."""
     plans = {}
 
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
-        key = (dout.stride(), dout.dtype, dout.data_ptr() & 15, None if dlse is None else dlse.data_ptr() & 15)
+        key = (out.stride(), out.data_ptr() & 15, dout.stride(), dout.dtype, dout.data_ptr() & 15,
+               None if dlse is None else dlse.data_ptr() & 15)
         plan = plans.get(key)
         if plan is None:
             plan = plans[key] = variant.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse)

@@ -27,9 +27,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from autoflash import checks, codegen, gpu as gpus
-from autoflash.api import DISPATCHER, attention
-from autoflash.problem import Problem
+from autoflash import checks, gpu as gpus
+from autoflash.api import attention, attention_backward
 
 __all__ = ["ring_attention", "shard_sequence", "gather_sequence"]
 
@@ -240,9 +239,11 @@ def _ring_backward(q, k, v, out, lse, dout, ring, causal, scale):
         if step + 1 < ring.size:
             incoming = ring.pass_on(kv)
         rows, keys, step_causal = _step_blocks(ring.rank, ring.source(step), q.shape[2] // 2, causal)
-        block_dq, block_dk, block_dv = _step_backward(
-            q[:, :, rows], kv[0, :, :, keys], kv[1, :, :, keys], out[:, :, rows], lse[:, :, rows].contiguous(),
-            dout[:, :, rows], step_causal, scale)
+        # autoflash's dispatched backward kernels with the merged out and lse (autograd through the step's forward
+        # would use the step's own)
+        block_dq, block_dk, block_dv = attention_backward(
+            dout[:, :, rows], q[:, :, rows], kv[0, :, :, keys], kv[1, :, :, keys], out[:, :, rows], lse[:, :, rows],
+            None, step_causal, scale, False)
         dq[:, :, rows] += block_dq
         # The dK/dV of the shard in hand, as far as the ranks before this one got: zeros at step 0 (our own shard).
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device) if step == 0 else incoming_dkv()
@@ -254,24 +255,3 @@ def _ring_backward(q, k, v, out, lse, dout, ring, causal, scale):
     dkv = incoming_dkv()  # our own shard's, back from the last rank that held it
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
-
-# Backward plans of the steps' call signatures: (shapes, strides, dtype, device, alignment, causal, scale) -> plan.
-_backward_plans: dict = {}
-_MAX_PLANS = 1024
-
-
-def _step_backward(q, k, v, out, lse, dout, causal, scale):
-    """(dq, dk, dv) of one step by autoflash's dispatched backward kernels, given the merged out and lse (not the
-    step's own, as autograd through the step's forward would use)."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    tensors = (q, k, v, out, dout)
-    key = (tuple((t.shape, t.stride(), t.data_ptr() & 15) for t in tensors), q.dtype, q.device, causal, scale)
-    plan = _backward_plans.get(key)
-    if plan is None:
-        choice = DISPATCHER.for_call(Problem.from_tensors(q, k, causal), gpus.current(q.device), "bwd", (q, k, v, out))
-        plan = codegen.load(choice.knobs).backward_plan(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, None)
-        if len(_backward_plans) >= _MAX_PLANS:
-            _backward_plans.clear()
-        _backward_plans[key] = plan
-    plan(q, k, v, out, lse, dout, dq, dk, dv, None)
-    return dq, dk, dv

@@ -149,3 +149,21 @@ def test_cpu_tensors_without_interpreter(monkeypatch):
     q, k, v = (t.cpu() for t in _inputs())
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         autoflash.attention(q, k, v)
+
+
+def test_backward_given_an_out_laid_out_otherwise_reads_it_as_it_is():
+    """attention_backward with out (and lse) slices of larger tensors, as ring attention's steps pass them, after a
+    call of the same signature with fresh ones: each layout gets its own backward plan, so the same gradients."""
+    from autoflash.api import attention_backward, attention_forward
+
+    q, k, v = make_qkv(1, 2, 1, 7, 9, 16, torch.float32, DEVICE)
+    dout = torch.randn_like(q)
+    out, lse = attention_forward(q, k, v, True, None, False)
+    fresh = attention_backward(dout, q, k, v, out, lse, None, True, None, False)
+    wide_out = torch.full((1, 2, 14, 16), float("nan"), device=q.device)
+    wide_out[:, :, 3:10] = out
+    wide_lse = torch.full((1, 2, 14), float("nan"), device=q.device)
+    wide_lse[:, :, 3:10] = lse
+    sliced = attention_backward(dout, q, k, v, wide_out[:, :, 3:10], wide_lse[:, :, 3:10], None, True, None, False)
+    for a, b in zip(fresh, sliced):
+        torch.testing.assert_close(a, b)

@@ -95,7 +95,7 @@ def check_transfers_overlap_kernels(device):
 
     with mock.patch.object(distributed.dist, "batch_isend_irecv", posted), \
             mock.patch.object(distributed, "attention", logged("fwd", distributed.attention)), \
-            mock.patch.object(distributed, "_step_backward", logged("bwd", distributed._step_backward)):
+            mock.patch.object(distributed, "attention_backward", logged("bwd", distributed.attention_backward)):
         q = torch.randn(1, 2, 8, 16, device=device, requires_grad=True)
         out = ring_attention(q, q, q)
         forward = list(events)
