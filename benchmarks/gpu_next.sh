@@ -31,7 +31,9 @@ fwd|bwd)  # warm-started from the shipped winners (the tuner tries them first); 
     rm -f "$db"
     files="fa_grid fa_grid_bf16"
     [ "$step" = fwd ] && files="$files odd_shapes gqa small_batch"
-    bash benchmarks/retune.sh "$step" "$files" "$db" 2 > "$out/${day}_h100_retune_$step.log" 2>&1
+    # stopped with SIGINT before the device's 10-minute limit: the tuner saves what it finished, the merge runs
+    timeout -s INT "${RETUNE_S:-470}" bash benchmarks/retune.sh "$step" "$files" "$db" 2 \
+        > "$out/${day}_h100_retune_$step.log" 2>&1
     python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
     cp tuning_db/h100.db "$out/h100.db"
     tail -n 40 "$out/${day}_h100_retune_$step.log"

@@ -10,5 +10,7 @@ mode=$1 files=$2 db=$3 trials=${4:-4}
 for f in $files; do
     python -m autoflash tune --gpu h100 --mode "$mode" --shapes "examples/$f.yaml" --trials "$trials" --db "$db" \
         2>/dev/null  # stderr: progress bars
-    echo "$f rc $?"
+    rc=$?
+    echo "$f rc $rc"
+    [ $rc = 130 ] && exit 130  # interrupted: the finished trials are saved, the files after it wait
 done
