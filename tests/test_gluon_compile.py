@@ -70,8 +70,8 @@ def test_default_is_valid(head_dim, causal, dtype):
         problem = _problem(head_dim, dtype, causal, seqlen)
         knobs = default_knobs(problem, H100)
         assert knobs is not None and violations(knobs, problem, H100) == []
-        # Causal tiles of unequal work: the hardware's dispatch balances long sequences better than a persistent grid.
-        assert knobs.persistent == (not causal or seqlen < (8192 if head_dim <= 64 else 2048))
+        # Causal tiles of unequal work: persistent programs claim them longest first from a counter.
+        assert knobs.persistent and knobs.dynamic == causal
         assert knobs.q_buffers == (1 if head_dim > 128 else 2)  # two Q tiles where shared memory holds them
     assert default_knobs(_problem(head_dim, dtype, causal), KNOWN["a100"]) is None
 

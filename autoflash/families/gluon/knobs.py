@@ -107,19 +107,18 @@ def gluon_available() -> bool:
 
 
 def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnobs | None:
-    """The measured best of the H100 FA grid (benchmarks/NOTES.md, G3-G5): 2 consumers of 64 rows,
-    128-key blocks, overlap, two Q tiles where they fit; a persistent grid, but one program per tile for
-    causal masking from 2k queries at d128 (8k at d64), where the hardware balances the unequal tiles better;
-    3 consumers (FA3's 192-row tile) for d64 from 2k queries without causal masking, from 8k with it; head
-    dims past 128 take 64-key blocks and stage O in Q. None where the family cannot run the problem."""
+    """The measured best of the H100 FA grid (benchmarks/NOTES.md, G3-G6): 2 consumers of 64 rows,
+    128-key blocks, overlap, two Q tiles where they fit, a persistent grid; under causal masking its programs
+    claim tiles from a counter (the tiles' work is unequal: G6, +2% geomean over the grid's causal cells against
+    G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
+    without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
+    the family cannot run the problem."""
     if direction != "fwd":
         return None
     d = head_dim_pad(problem.head_dim)
-    long_from = 8192 if d <= 64 and problem.causal else 2048
-    three = d <= 64 and problem.seqlen_q >= long_from
-    persistent = not problem.causal or problem.seqlen_q < long_from
+    three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
     knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
-                     consumer_regs=160 if three else 240, persistent=persistent, stage_o_in_q=d > 128, q_buffers=2)
+                     consumer_regs=160 if three else 240, dynamic=problem.causal, stage_o_in_q=d > 128, q_buffers=2)
     if violations(knobs, problem, gpu):
         knobs = replace(knobs, q_buffers=1)
     return None if violations(knobs, problem, gpu) else knobs
