@@ -81,7 +81,7 @@ class Variant:
     every such call; `forward`/`backward` plan and launch once."""
 
     def __init__(self, knobs: Knobs, kernels):
-        self.knobs, self.kernels, self.launcher = knobs, kernels, launcher(knobs.family)
+        self.knobs, self.kernels, self.launcher = knobs, kernels, launcher(knobs.family, knobs.DIRECTION)
         self._data = knobs.as_point()
 
     def forward_plan(self, q, k, v, out, lse, softmax_scale: float, causal: bool, compile=compile_launch):

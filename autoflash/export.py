@@ -1,7 +1,7 @@
 """Export chosen variants as a standalone Python package that needs only torch and triton.
 
 The package holds one rendered kernel file per variant (its header names the knobs, the template
-fingerprint, the versions and the measured TFLOP/s), a copy of each family's launcher and of the
+fingerprint, the versions and the measured TFLOP/s), a copy of each family's launcher (per direction) and of the
 compile-once launch (autoflash/launch.py) and of the argument checks (autoflash/checks.py), and an `__init__.py`
 with a lookup table and a differentiable `attention` for the exported problems, called and checked as
 autoflash.attention is (causal, softmax_scale, return_lse, deterministic, out).
@@ -36,8 +36,8 @@ def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str
         key = (problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k, problem.head_dim,
                problem.causal, problem.dtype)
         rows.append(dict(key=repr(key), variants=repr(variants)))
-    for family in sorted({family for family, _ in used}):
-        shutil.copyfile(launcher_path(family), out / f"launch_{family}.py")
+    for family, direction in sorted(used):
+        shutil.copyfile(launcher_path(family, direction), out / f"launch_{family}_{direction}.py")
     shutil.copyfile(launch.__file__, out / "_launch.py")
     shutil.copyfile(checks.__file__, out / "_checks.py")
     fingerprints = ", ".join(f"{d} {f} {codegen.template_fingerprint(f, d)}" for f, d in sorted(used))

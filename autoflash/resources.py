@@ -24,16 +24,20 @@ def data_dir(name: str) -> Path:
     )
 
 
-def launcher_path(family: str) -> Path:
-    """templates/<family>/launch.py: the family's launchers, plain Python that needs only torch and triton."""
-    return data_dir("templates") / family / "launch.py"
+def launcher_path(family: str, direction: str = "fwd") -> Path:
+    """The launcher of `family`'s `direction` kernels, plain Python that needs only torch and triton:
+    templates/<family>/launch_<direction>.py where the family has one (its edits then leave the other direction's
+    template fingerprint alone), else templates/<family>/launch.py."""
+    own = data_dir("templates") / family / f"launch_{direction}.py"
+    return own if own.is_file() else data_dir("templates") / family / "launch.py"
 
 
 @lru_cache(maxsize=None)
-def launcher(family: str):
-    """The imported launcher module of `family` (once per process)."""
-    name = f"autoflash_launch_{family}"
-    spec = importlib.util.spec_from_file_location(name, launcher_path(family))
+def launcher(family: str, direction: str = "fwd"):
+    """The imported launcher module of `family`'s `direction` kernels (once per process and file)."""
+    path = launcher_path(family, direction)
+    name = f"autoflash_{family}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -23,19 +23,19 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def render(knobs: dict) -> str:
+def render(knobs: dict, template: str = "gluon/attn_fwd.py.jinja") -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    return env.get_template("gluon/attn_fwd.py.jinja").render(
-        TEMPLATE="gluon/attn_fwd.py.jinja", KNOBS_JSON=str(knobs), FINGERPRINT="test", AUTOFLASH_VERSION="test",
+    return env.get_template(template).render(
+        TEMPLATE=template, KNOBS_JSON=str(knobs), FINGERPRINT="test", AUTOFLASH_VERSION="test",
         TRITON_VERSION=triton.__version__, EXTRA_HEADER=(), **{name.upper(): value for name, value in knobs.items()})
 
 
-def load(knobs: dict, directory: str):
+def load(knobs: dict, directory: str, template: str = "gluon/attn_fwd.py.jinja"):
     """The rendered module, written to `directory` (Triton reads a kernel's source from its file)."""
-    key = hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(directory) / f"gluon_fwd_{key}.py"
-    path.write_text(render(knobs))
+    key = hashlib.sha256(json.dumps([knobs, template], sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(directory) / f"gluon_{key}.py"
+    path.write_text(render(knobs, template))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -68,20 +68,28 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
                  return_lse: bool = True):
     """The module's `attn_fwd` compiled for sm_90 (triton's CompiledKernel: metadata.shared, asm['ptx'], ...)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
-    shape, strides = [2, 4, 1000, head_dim], [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1]
-
-    def descriptor(rows):
-        block = [1, 1, rows, block_d]
-        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
-        return TensorDescriptor(MockTensor(_TorchDtype(dtype), shape), shape, strides, block, layout)
-    kernel = module.attn_fwd
-    backend = make_backend(SM90)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    args = (descriptor(knobs["block_m"]), descriptor(knobs["block_n"]), descriptor(knobs["block_n"]),
-            descriptor(knobs["block_m"]), MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]),
+    args = (descriptor(knobs["block_m"], head_dim, dtype), descriptor(knobs["block_n"], head_dim, dtype),
+            descriptor(knobs["block_n"], head_dim, dtype), descriptor(knobs["block_m"], head_dim, dtype),
+            MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]),
             MockTensor(_TorchDtype("int32"), [1]),  # the tile counter
             0.1, 4, 2, 1000, 1000, 8, 64, 3)  # scale, heads_q, group, seqlens, tiles_m, tiles, run_heads
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
+    return compile_kernel(module.attn_fwd, args, options)
+
+
+def descriptor(rows: int, head_dim: int, dtype: str):
+    """A TMA descriptor of blocks (1, 1, rows, head_dim padded) over a mock (2, 4, 1000, head_dim) tensor."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    shape, strides = [2, 4, 1000, head_dim], [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1]
+    block = [1, 1, rows, block_d]
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+    return TensorDescriptor(MockTensor(_TorchDtype(dtype), shape), shape, strides, block, layout)
+
+
+def compile_kernel(kernel, args, options: dict):
+    """`kernel` compiled for sm_90 with these args (mock tensors, descriptors, numbers) and options."""
+    backend = make_backend(SM90)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, other = binder(*args, **options)
     packed, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, other)
     return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=SM90,

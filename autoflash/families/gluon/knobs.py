@@ -1,5 +1,5 @@
-"""The knobs of the `gluon` family (templates/gluon: the forward in FlashAttention-3's shape, written in Triton's
-Gluon dialect for Hopper), what they cannot run, and the heuristic default."""
+"""The knobs of the `gluon` family (templates/gluon: the forward in FlashAttention-3's shape and a FlashAttention-2/3
+backward, written in Triton's Gluon dialect for Hopper), what they cannot run, and the heuristic defaults."""
 
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -11,6 +11,7 @@ from autoflash.problem import Problem
 FAMILY_DOC = ("FlashAttention-3's shape in Gluon (templates/gluon), Hopper only: a TMA producer warp and "
               "consumer warpgroups with registers split between them, asynchronous wgmma")
 MAX_REGISTERS = 65536  # per SM, and one program holds an SM
+MAX_THREAD_REGISTERS = 255
 MBARRIER_BYTES = 1024  # the barriers and the compiler's scratch, rounded up (measured: 368-472 B)
 
 
@@ -45,12 +46,44 @@ class FwdKnobs(Knobs):
     producer_regs: int = knob(24, (24, 32, 40), "registers per thread of the producer warp('s warpgroup)")
 
 
+@dataclass(frozen=True)
+class BwdKnobs(Knobs):
+    """templates/gluon/attn_bwd.py.jinja: a program holds block_n keys (K, V, dK, dV) and streams block_m query
+    rows of every query head that reads them through a ring of Q/dO tiles; its warpgroups own block_n / warpgroups
+    keys each."""
+    DIRECTION: ClassVar[str] = "bwd"
+
+    family: str = family_knob("gluon", FAMILY_DOC)
+    block_m: int = knob(32, (32, 64), "query rows of one step (the N of S^T = K Q^T's wgmma)")
+    block_n: int = knob(64, (64, 128), "key rows of one program")
+    num_buffers: int = knob(2, (2, 3), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this one")
+    warpgroups: int = knob(1, (1, 2), "warpgroups of a program, each owning block_n / warpgroups keys")
+
+
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
     """Q (and O) tiles of each consumer and the K/V ring. Measured on sm_90 compiles: d128, 2 consumers, 2 slots
     of 128 keys: 197000 B (this gives 197632); with O in Q 164152 (164864); d256, 64 keys, O in Q: 196968."""
     d, size = head_dim_pad(problem.head_dim), problem.element_size
     q_tiles = knobs.consumers * knobs.block_m * d * (knobs.q_buffers + (0 if knobs.stage_o_in_q else 1))
     return size * (q_tiles + knobs.num_buffers * 2 * knobs.block_n * d) + MBARRIER_BYTES
+
+
+def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
+    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, dS^T. Measured on sm_90 compiles: d128, 128 keys,
+    2 slots of 64 rows: 148504 B (this gives 149504); 3 slots of 32 rows: see tests/test_gluon_compile.py."""
+    d, size = head_dim_pad(problem.head_dim), problem.element_size
+    ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
+    return size * (2 * knobs.block_n * d + knobs.block_n * knobs.block_m) + ring + MBARRIER_BYTES
+
+
+def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
+    """Registers a backward thread needs: the fp32 dK and dV tiles, S^T (then P^T) and dP^T with P^T kept for
+    dS^T and its half-precision copy, the rows' lse and delta, and ~24 for addresses and loop state. On sm_90
+    compiles (triton 3.6 and 3.9) 224 (d128, 32-row steps) ran without spills in the loop, 296 (64-row) spilled."""
+    threads = 128 * knobs.warpgroups
+    dkdv = 2 * knobs.block_n * head_dim_pad(problem.head_dim) // threads
+    s = knobs.block_n * knobs.block_m // threads
+    return dkdv + 3 * s + s // 2 + knobs.block_m // 2 + 24
 
 
 def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
@@ -61,21 +94,24 @@ def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
     return o + s + s // 2 + 32
 
 
-def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
+def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot run `problem` on `gpu`; empty when it can (the `tl` family covers what this refuses)."""
+    what = "forward" if knobs.DIRECTION == "fwd" else "backward"
     why = []
     if gpu.family == "interpreter":
         why.append("Gluon kernels have no interpreter: they run on a Hopper GPU only")
     elif gpu.capability != (9, 0):
-        why.append(f"the Gluon forward needs sm_90 (Hopper: wgmma, setmaxnreg); {gpu.name} is {gpu.capability}")
+        why.append(f"the Gluon {what} needs sm_90 (Hopper: wgmma, setmaxnreg); {gpu.name} is {gpu.capability}")
     if not gluon_available():
         why.append("this triton has no Gluon for Hopper (triton.experimental.gluon, 3.6 or newer)")
     if problem.dtype not in ("float16", "bfloat16"):
-        why.append(f"the Gluon forward takes fp16 or bf16, not {problem.dtype}")
-    if not 16 <= problem.head_dim <= 256:
-        why.append(f"head_dim {problem.head_dim} is outside 16..256")
+        why.append(f"the Gluon {what} takes fp16 or bf16, not {problem.dtype}")
     if problem.head_dim * problem.element_size % 16:
         why.append(f"TMA needs 16-byte rows; head_dim {problem.head_dim} x {problem.element_size} bytes is not")
+    if knobs.DIRECTION == "bwd":
+        return why + _bwd_violations(knobs, problem, gpu)
+    if not 16 <= problem.head_dim <= 256:
+        why.append(f"head_dim {problem.head_dim} is outside 16..256")
     if knobs.dynamic and not knobs.persistent:
         why.append("dynamic tile claiming needs a persistent grid (one program per tile has nothing to claim)")
     if knobs.pingpong and knobs.consumers != 2:
@@ -98,6 +134,22 @@ def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     return why
 
 
+def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
+    why = []
+    if not 33 <= problem.head_dim <= 128:
+        why.append(f"the Gluon backward takes head dims 33..128 (dQ^T = K^T dS^T needs 64 or more padded columns; "
+                   f"dK and dV past 128 do not fit the registers), not {problem.head_dim}")
+    if knobs.block_n % (64 * knobs.warpgroups):
+        why.append(f"{knobs.warpgroups} warpgroups own 64-key slices each: block_n {knobs.block_n} does not split")
+    smem = bwd_shared_memory_bytes(knobs, problem)
+    if smem > gpu.shared_memory_per_block:
+        why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
+    need = bwd_registers(knobs, problem)
+    if need > MAX_THREAD_REGISTERS:
+        why.append(f"a thread needs ~{need} registers, it gets at most {MAX_THREAD_REGISTERS}")
+    return why
+
+
 def gluon_available() -> bool:
     try:
         from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
@@ -106,15 +158,20 @@ def gluon_available() -> bool:
     return True
 
 
-def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnobs | None:
+def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnobs | BwdKnobs | None:
     """The measured best of the H100 FA grid (benchmarks/NOTES.md, G3-G6): 2 consumers of 64 rows,
     128-key blocks, overlap, two Q tiles where they fit, a persistent grid; under causal masking its programs
     claim tiles from a counter (the tiles' work is unequal: G6, +2% geomean over the grid's causal cells against
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
     without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
-    the family cannot run the problem."""
-    if direction != "fwd":
-        return None
+    the family cannot run the problem. The backward (not measured yet: the `tl` family, first in
+    autoflash.families.FAMILIES, stays the default backward): head dims to 64 take 128-key programs of two
+    warpgroups, 64-row steps and three ring slots; larger ones 64-key programs of one warpgroup (two fit an SM),
+    32-row steps and two slots, the largest that compiled without register spills (NOTES G-bwd1)."""
+    if direction == "bwd":
+        small = head_dim_pad(problem.head_dim) <= 64
+        knobs = BwdKnobs(block_m=64, block_n=128, num_buffers=3, warpgroups=2) if small else BwdKnobs()
+        return None if violations(knobs, problem, gpu) else knobs
     d = head_dim_pad(problem.head_dim)
     three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
     knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
@@ -124,15 +181,18 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     return None if violations(knobs, problem, gpu) else knobs
 
 
-def fit(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | None:
+def fit(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | BwdKnobs | None:
     """Tuned knobs of a neighbouring problem if they run this one, else this family's default for it (None
     where the family cannot run it: dispatch then takes the default variant)."""
-    return knobs if not violations(knobs, problem, gpu) else default_knobs(problem, gpu)
+    return knobs if not violations(knobs, problem, gpu) else default_knobs(problem, gpu, knobs.DIRECTION)
 
 
-def for_call(knobs: FwdKnobs, *, tensors, deterministic: bool) -> tuple[FwdKnobs | None, str]:
+def for_call(knobs: FwdKnobs | BwdKnobs, *, tensors, deterministic: bool) -> tuple[FwdKnobs | BwdKnobs | None, str]:
     """TMA reads and writes every tensor: None (dispatch takes the default variant) where one of q, k, v, out is
-    not 16-byte aligned, its address or a stride."""
+    not 16-byte aligned, its address or a stride; and for a deterministic backward (the Gluon backward adds dQ
+    with atomics; the `tl` family's separate dQ pass is deterministic)."""
+    if knobs.DIRECTION == "bwd" and deterministic:
+        return None, "deterministic=True: the Gluon backward adds dQ with atomics"
     if tma_aligned(*tensors):
         return knobs, ""
     return None, "Gluon's TMA needs 16-byte aligned tensors and strides"

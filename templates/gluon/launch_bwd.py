@@ -1,0 +1,89 @@
+"""Launcher of the Gluon backward (templates/gluon/attn_bwd.py.jinja): host tensor descriptors, grids, one compiled
+launch per kernel and call signature. Needs only torch and triton. (The forward's launcher is launch.py: this file
+counts for the backward's template fingerprint alone.)"""
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+DELTA_ROWS = 64  # query rows of one `_attn_bwd_delta` program
+
+
+def _check(q, k, v, out, dout, dq, dk, dv, lse, dlse):
+    """ValueError (the caller falls back to another family) for what the kernels cannot read or write."""
+    tensors = dict(q=q, k=k, v=v, out=out, dout=dout, dq=dq, dk=dk, dv=dv)
+    if q.dtype not in GL_DTYPES or any(t.dtype != q.dtype for t in tensors.values()):
+        raise ValueError("the Gluon backward takes fp16 or bf16 q, k, v, out, dout, dq, dk, dv of one dtype; got "
+                         + ", ".join(f"{name} {t.dtype}" for name, t in tensors.items()))
+    for name, t in tensors.items():
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):
+            raise ValueError(f"TMA needs 16-byte aligned {name} with unit last stride and 16-byte strides; got "
+                             f"strides {t.stride()}: pass contiguous tensors")
+    if min(q.shape[2], k.shape[2]) == 0:
+        raise ValueError(f"TMA descriptors need non-empty sequences; got seqlen_q {q.shape[2]}, seqlen_k {k.shape[2]}")
+    for name, t in (("lse", lse), ("dlse", dlse)):
+        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous() or t.shape != q.shape[:3]):
+            raise ValueError(f"{name} must be a contiguous fp32 (batch, heads_q, seqlen_q) tensor; got {t.dtype} "
+                             f"{tuple(t.shape)}")
+
+
+def _descriptor_maker(q, k, block_m, block_n, block_d):
+    """`make(q, k, v, dout, dk, dv, lse2, delta)`: TMA descriptors over (batch, heads, seqlen, head_dim) with each
+    tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v, dk, dv: block_n), and over the
+    flat fp32 rows of lse2 and delta in blocks of block_m. Rows past seqlen and columns past head_dim read as 0 and
+    are never written."""
+    tiles = {rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, block_d], GL_DTYPES[q.dtype])
+             for rows in (block_m, block_n)}
+    row_layout = gl.NVMMASharedLayout.get_default_for([block_m], gl.float32)
+
+    def make(q, k, v, dout, dk, dv, lse2, delta):
+        return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d], tiles[rows])
+                  for t, rows in ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
+                                  (dv, block_n))),
+                *(TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], row_layout) for t in (lse2, delta)))
+    return make
+
+
+def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile=None):
+    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)` for every call shaped like this one (shapes, strides,
+    dtypes, 16-byte alignment, dlse given or None). `kernels`: the rendered module; `knobs`: the dict it was
+    rendered from; `compile(kernel, grid, args, options, tensor_count)`: autoflash's compile_launch, or None for
+    Triton's per-call launch. q, out, dout, dq: (batch, heads_q, seqlen_q, head_dim); k, v, dk, dv: (batch,
+    heads_kv, seqlen_k, head_dim); lse (the forward's) and dlse (the gradient of the returned lse, or None): fp32
+    (batch, heads_q, seqlen_q), contiguous. Writes dq, dk, dv; dQ is summed with atomics (not bitwise
+    repeatable)."""
+    _check(q, k, v, out, dout, dq, dk, dv, lse, dlse)
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    descriptors = _descriptor_maker(q, k, knobs["block_m"], knobs["block_n"], block_d)
+    rows = torch.empty_like(lse)  # (example tensors: each call allocates its own)
+    delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, *out.stride()[:3], *dout.stride()[:3],
+                  heads_q, seqlen_q)
+    delta_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, ROWS=DELTA_ROWS)
+    delta_grid = (triton.cdiv(seqlen_q, DELTA_ROWS), batch * heads_q)
+    dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    main_args = (*descriptors(q, k, v, dout, dk, dv, rows, rows), dq_sum, softmax_scale, *dq_sum.stride()[:3],
+                 heads_q, heads_kv, seqlen_q, seqlen_k)
+    main_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, IS_CAUSAL=bool(causal),
+                        num_warps=4 * knobs["warpgroups"])
+    main_grid = (triton.cdiv(seqlen_k, knobs["block_n"]), batch * heads_kv)
+    if compile is None:
+        def delta_launch(*tensors):
+            kernels._attn_bwd_delta[delta_grid](*tensors, *delta_args[6:], **delta_options)
+
+        def main_launch(*tensors):
+            kernels.attn_bwd[main_grid](*tensors, *main_args[9:], **main_options)
+    else:
+        delta_launch = compile(kernels._attn_bwd_delta, delta_grid, delta_args, delta_options, 6)
+        main_launch = compile(kernels.attn_bwd, main_grid, main_args, main_options, 9)
+
+    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
+        lse2, delta = torch.empty_like(lse), torch.empty_like(lse)
+        delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta)
+        dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        main_launch(*descriptors(q, k, v, dout, dk, dv, lse2, delta), dq_sum)
+        dq.copy_(dq_sum)
+    return backward
