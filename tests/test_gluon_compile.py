@@ -1,7 +1,9 @@
-"""The Gluon family without a GPU: its forward compiles for sm_90 (shared memory within the H100's, no register
-spills), its knobs refuse what it cannot run, its launcher refuses tensors TMA cannot read."""
+"""The Gluon family without a GPU: its forward and backward compile for sm_90 (shared memory within the H100's, no
+register spills), its knobs refuse what it cannot run, its launchers refuse tensors TMA cannot read; the backward's
+delta kernel (plain Triton) runs in the interpreter."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,25 +12,37 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, shared_memory_bytes, violations
+from autoflash import codegen
+from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, default_knobs,
+                                            for_call, shared_memory_bytes, violations)
 from autoflash.gpu import KNOWN
 from autoflash.problem import Problem
 from autoflash.resources import launcher
 
 sys.path.insert(0, str(Path(__file__).parent))
+import gluon_bwd_sm90  # noqa: E402
 import gluon_sm90  # noqa: E402
 
 H100 = KNOWN["h100"]
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    """gluon_sm90's report of its CASES, compiled in a process of its own: under TRITON_INTERPRET=1 (set by
+def _report(script):
+    """The script's report of its CASES, compiled in a process of its own: under TRITON_INTERPRET=1 (set by
     conftest without a GPU) Triton's library functions are interpreted ones, which no compile can call."""
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, gluon_sm90.__file__], env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run([sys.executable, script.__file__], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return _report(gluon_sm90)
+
+
+@pytest.fixture(scope="module")
+def compiled_bwd():
+    return _report(gluon_bwd_sm90)
 
 
 @pytest.mark.parametrize("index", range(len(gluon_sm90.CASES)))
@@ -87,3 +101,87 @@ def test_launcher_refuses_what_tma_cannot_read():
                            0.125, False)
     bshd = torch.empty(1, 10, 2, 64, dtype=torch.float16).transpose(1, 2)  # (B,S,H,D) memory: TMA reads it
     gluon._check(bshd, bshd, bshd, bshd, None)
+
+
+# -- the backward --
+
+@pytest.mark.parametrize("index", range(len(gluon_bwd_sm90.CASES)))
+def test_backward_compiles_for_sm90(compiled_bwd, index):
+    change, head_dim, dtype, causal = gluon_bwd_sm90.CASES[index]
+    knobs = BwdKnobs(**gluon_bwd_sm90.DEFAULT | change)
+    problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype)
+    row = compiled_bwd[index]
+    assert violations(knobs, problem, H100) == []
+    assert row["shared"] <= bwd_shared_memory_bytes(knobs, problem) <= H100.shared_memory_per_block
+    assert row["spill_stores"] == row["spill_loads"] == 0, row
+    assert row["wgmma"] >= 5, row  # S^T, dP^T, dV, dK, dQ^T: asynchronous wgmma each
+
+
+def test_backward_cases_cover_the_defaults():
+    for head_dim in (64, 128):
+        default = default_knobs(_problem(head_dim), H100, "bwd").as_point()
+        assert any(gluon_bwd_sm90.DEFAULT | change == {k: v for k, v in default.items() if k != "family"}
+                   and case_dim == head_dim for change, case_dim, _, _ in gluon_bwd_sm90.CASES)
+
+
+@pytest.mark.parametrize("knobs, problem, gpu, reason", [
+    (BwdKnobs(), _problem(), KNOWN["a100"], "needs sm_90"),
+    (BwdKnobs(), _problem(dtype="float32"), H100, "fp16 or bf16"),
+    (BwdKnobs(), _problem(head_dim=32), H100, "head dims 33..128"),
+    (BwdKnobs(), _problem(head_dim=192), H100, "head dims 33..128"),
+    (BwdKnobs(warpgroups=2), _problem(), H100, "does not split"),
+    (BwdKnobs(block_m=64), _problem(), H100, "registers"),
+])
+def test_backward_violations(knobs, problem, gpu, reason):
+    assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
+
+
+@pytest.mark.parametrize("head_dim", [40, 64, 80, 96, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_backward_default_is_valid(head_dim, causal, dtype):
+    for seqlen in (1, 1000, 16384):
+        problem = _problem(head_dim, dtype, causal, seqlen)
+        knobs = default_knobs(problem, H100, "bwd")
+        assert isinstance(knobs, BwdKnobs) and violations(knobs, problem, H100) == []
+    assert default_knobs(_problem(head_dim), KNOWN["a100"], "bwd") is None
+    assert default_knobs(_problem(256), H100, "bwd") is None  # the tl family's
+
+
+def test_backward_refuses_deterministic_calls():
+    q = torch.empty(1, 2, 10, 64, dtype=torch.float16)
+    assert for_call(BwdKnobs(), tensors=(q, q, q), deterministic=False) == (BwdKnobs(), "")
+    knobs, why = for_call(BwdKnobs(), tensors=(q, q, q), deterministic=True)
+    assert knobs is None and "atomics" in why
+    assert for_call(FwdKnobs(), tensors=(q, q, q), deterministic=True) == (FwdKnobs(), "")
+
+
+def test_backward_launcher_refuses_what_tma_cannot_read():
+    gluon = launcher("gluon", "bwd")
+    assert gluon is not launcher("gluon") and gluon.backward_plan and not hasattr(gluon, "forward_plan")
+    k = torch.empty(1, 2, 10, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 10)
+    q = torch.empty(1, 2, 10, 68, dtype=torch.float16)[..., :64]  # rows of 136 bytes: not a multiple of 16
+    with pytest.raises(ValueError, match="16-byte"):
+        gluon.backward_plan(None, BwdKnobs().as_point(), q, k, k, k, lse, k, k, k, k, 0.125, False, None)
+    with pytest.raises(ValueError, match="fp16 or bf16"):
+        gluon.backward_plan(None, BwdKnobs().as_point(), k, k, k, k, lse, k, k.float(), k, k, 0.125, False, None)
+    with pytest.raises(ValueError, match="lse must be"):
+        gluon.backward_plan(None, BwdKnobs().as_point(), k, k, k, k, lse.double(), k, k, k, k, 0.125, False, None)
+
+
+def test_backward_delta_kernel():
+    """delta = rowsum(dO * O) - dlse and lse in log2 units (0 where -inf), in Triton's interpreter."""
+    batch, heads, seqlen, head_dim = 2, 3, 77, 40
+    gen = torch.Generator().manual_seed(0)
+    out, dout = (torch.randn(batch, seqlen, heads, head_dim, generator=gen).to(torch.float16).transpose(1, 2)
+                 for _ in range(2))
+    lse, dlse = (torch.randn(batch, heads, seqlen, generator=gen) for _ in range(2))
+    lse[0, 1, :5] = -math.inf
+    lse2, delta = torch.full_like(lse, math.nan), torch.full_like(lse, math.nan)
+    kernels = codegen.load(BwdKnobs()).kernels
+    kernels._attn_bwd_delta[(2, batch * heads)](out, dout, lse, dlse, lse2, delta, *out.stride()[:3],
+                                                *dout.stride()[:3], heads, seqlen, HEAD_DIM=head_dim, BLOCK_D=64,
+                                                HAS_DLSE=True, ROWS=64)
+    torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1) - dlse)
+    torch.testing.assert_close(lse2, torch.where(lse == -math.inf, 0.0, lse * math.log2(math.e)))

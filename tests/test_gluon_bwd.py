@@ -1,0 +1,79 @@
+"""The Gluon backward on the GPU against the fp64 reference gradients (dq, dk, dv poisoned with NaN before each
+call): every knob point, ragged and unequal sequence lengths, causal and full, GQA and MQA, head dims 40..128, fp16
+and bf16, (B,S,H,D) views, the gradient of a returned lse, a plan run again. Launched through the family's launcher
+(codegen renders it; no dispatcher: the family is no backward's default yet)."""
+
+import itertools
+
+import pytest
+import torch
+
+from autoflash import codegen
+from autoflash.families.gluon.knobs import BwdKnobs, default_knobs, violations
+from autoflash.gpu import KNOWN, current
+from autoflash.problem import Problem
+from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, attention_reference, relative_error
+
+from helpers import make_qkv
+from test_bwd_variants import run_variant
+
+pytestmark = pytest.mark.gpu
+
+H100 = KNOWN["h100"]
+LENGTHS = [(1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097)]
+
+
+def _largest_head_dim(knobs):
+    """Of 64 and 128, the largest head dim `knobs` runs (64-row steps hold dK and dV of 64 columns at most)."""
+    return max((d for d in (64, 128) if not violations(knobs, Problem(2, 4, 2, 1000, 1000, d, False, "float16"), H100)),
+               default=None)
+
+
+# Every knob point, at the largest head dim it runs.
+VARIANTS = [(knobs, head_dim) for values in itertools.product(*BwdKnobs.choices().values())
+            if (head_dim := _largest_head_dim(knobs := BwdKnobs(**dict(zip(BwdKnobs.choices(), values)))))]
+
+
+@pytest.mark.parametrize("knobs, head_dim", VARIANTS, ids=str)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_variants(knobs, head_dim, seqlen_q, seqlen_k, causal):
+    shape = (2, 4, 2, seqlen_q, seqlen_k, head_dim)
+    assert run_variant(knobs, shape, torch.float16, "cuda", causal, transposed=seqlen_q == 123, seed=seqlen_k)
+
+
+@pytest.mark.parametrize("head_dim", [40, 64, 80, 96, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_q, heads_kv", [(8, 2), (4, 1), (3, 3)])
+def test_defaults(head_dim, dtype, causal, heads_q, heads_kv):
+    for seqlen_q, seqlen_k in ((1000, 1000), (123, 4097), (4097, 123)):
+        shape = (2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim)
+        problem = Problem(*shape, causal, str(dtype).removeprefix("torch."))
+        knobs = default_knobs(problem, current(torch.device("cuda")), "bwd")
+        assert knobs is not None and run_variant(knobs, shape, dtype, "cuda", causal, transposed=heads_q == 3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lse_gradient_and_plan_reuse(causal):
+    """dlse (the gradient of a returned lse) folds into delta; one plan, run on new inputs, writes every
+    gradient again."""
+    knobs = BwdKnobs()
+    q, k, v = make_qkv(2, 6, 3, 777, 1000, 128, torch.bfloat16, "cuda")
+    scale = 0.6 / 128 ** 0.5
+    plan = None
+    for seed in range(2):
+        q, k, v = make_qkv(2, 6, 3, 777, 1000, 128, torch.bfloat16, "cuda", seed=seed)
+        out, lse = attention_reference(q, k, v, causal, scale)
+        out, lse = out.to(q.dtype), lse.float()
+        gen = torch.Generator(device="cpu").manual_seed(seed + 7)
+        dout = torch.randn(q.shape, generator=gen).to(dtype=q.dtype, device="cuda")
+        dlse = torch.randn(lse.shape, generator=gen).to("cuda")
+        grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+        if plan is None:
+            plan = codegen.load(knobs).backward_plan(q, k, v, out, lse, dout, *grads, scale, causal, dlse)
+        plan(q, k, v, out, lse, dout, *grads, dlse)
+        refs = attention_backward_reference(q, k, v, dout, causal, scale, dlse=dlse)
+        for name, grad, ref in zip(("dq", "dk", "dv"), grads, refs):
+            err = relative_error(grad, ref)
+            assert err < GRAD_TOLERANCE[q.dtype], f"seed {seed}: {name} relative error {err:.2e}"
