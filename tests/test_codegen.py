@@ -52,25 +52,29 @@ def test_fingerprint_names_the_template_text(tmp_path, monkeypatch):
     assert fingerprint in codegen.render(FwdKnobs()) and bwd in codegen.render(BwdKnobs())
     assert codegen.current_fingerprints("fwd") == {"tl": fingerprint, "gluon": codegen.template_fingerprint("gluon"),
                                                    "fa1": fa1_fingerprint}
-    assert codegen.current_fingerprints("bwd") == {"tl": bwd}, "only families with backward kernels"
+    gluon = {d: codegen.template_fingerprint("gluon", d) for d in ("fwd", "bwd")}
+    assert codegen.current_fingerprints("bwd") == {"tl": bwd, "gluon": gluon["bwd"]}, "families with backward kernels"
     shutil.copytree(codegen.data_dir("templates"), tmp_path, dirs_exist_ok=True)
     monkeypatch.setattr(codegen, "data_dir", lambda name: tmp_path)
 
     def edit(path, expect_changed):
         (tmp_path / path).write_text((tmp_path / path).read_text() + "\n# edit\n")
         codegen.template_fingerprint.cache_clear()
-        now = {(f, d): codegen.template_fingerprint(f, d) for f, d in (("tl", "fwd"), ("tl", "bwd"), ("fa1", "fwd"))}
+        now = {(f, d): codegen.template_fingerprint(f, d) for f, d in before}
         changed = {key for key, value in now.items() if value != before[key]}
         assert changed == set(expect_changed), (path, changed)
         before.update(now)
 
-    before = {("tl", "fwd"): fingerprint, ("tl", "bwd"): bwd, ("fa1", "fwd"): fa1_fingerprint}
+    before = {("tl", "fwd"): fingerprint, ("tl", "bwd"): bwd, ("fa1", "fwd"): fa1_fingerprint,
+              ("gluon", "fwd"): gluon["fwd"], ("gluon", "bwd"): gluon["bwd"]}
     try:
         edit("tl/attn_fwd.py.jinja", [("tl", "fwd")])  # the backward's and the other family's records stay valid
         edit("tl/attn_bwd.py.jinja", [("tl", "bwd")])
         edit("tl/launch.py", [("tl", "fwd"), ("tl", "bwd")])  # the launcher serves both directions
         edit("fa1/attn_fwd.py.jinja", [("fa1", "fwd")])
-        edit("common/_bounds.py.jinja", [("tl", "fwd"), ("tl", "bwd"), ("fa1", "fwd")])  # shared by all
+        edit("gluon/launch_bwd.py", [("gluon", "bwd")])  # a direction's own launcher
+        edit("gluon/launch.py", [("gluon", "fwd"), ("gluon", "bwd")])
+        edit("common/_bounds.py.jinja", list(before))  # shared by all
     finally:
         codegen.template_fingerprint.cache_clear()
 
