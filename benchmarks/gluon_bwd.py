@@ -1,0 +1,171 @@
+"""Check and time the Gluon backward on the GPU beside torch's SDPA backends and the `tl` backward, without
+autoflash's dispatcher (the family is no backward's default yet).
+
+Run from the checkout:
+    python benchmarks/gluon_bwd.py --check            # correctness sweep against the fp64 reference gradients
+    python benchmarks/gluon_bwd.py --bench fa_grid --variants '["default", {"num_buffers": 3}]' --out rows.jsonl
+
+The backward times are of the kernels alone (a plan per problem, out and lse from autoflash's forward) for gluon
+and for the variant autoflash dispatches today (tl's tuned records); SDPA's (plain: cuDNN on the H100; cuDNN forced; FA2) are of torch.autograd.grad after a kept forward, as
+autoflash.bench times them, so they carry autograd's few microseconds more.
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import autoflash  # noqa: E402
+from autoflash import codegen, families  # noqa: E402
+from autoflash.api import DISPATCHER  # noqa: E402
+from autoflash.families.gluon.knobs import BwdKnobs, default_knobs  # noqa: E402
+from autoflash.gpu import current  # noqa: E402
+from autoflash.problem import Problem  # noqa: E402
+from autoflash.reference import (GRAD_TOLERANCE, attention_backward_reference, attention_reference,  # noqa: E402
+                                 relative_error, sdpa_attention)
+from autoflash.tune.timing import backward_ms, median_ms  # noqa: E402
+from helpers import make_qkv  # noqa: E402
+
+LENGTHS = ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097))
+
+
+def gradients(knobs, q, k, v, out, lse, dout, causal, scale, dlse=None):
+    """(dq, dk, dv) of the `knobs` backward, poisoned with NaN first."""
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    codegen.load(knobs).backward(q, k, v, out, lse, dout, *grads, scale, causal, dlse)
+    return grads
+
+
+def check_cases():
+    """(knobs, b, hq, hkv, sq, sk, d, causal, dtype, transposed, with_dlse)."""
+    cases = []
+    for values in (dict(), dict(num_buffers=3), dict(block_n=128, warpgroups=2)):
+        for sq, sk in LENGTHS:
+            for causal in (False, True):
+                cases.append((BwdKnobs(**values), 2, 4, 2, sq, sk, 128, causal, torch.float16, False, False))
+    for values in (dict(block_m=64), dict(block_m=64, block_n=128, warpgroups=2, num_buffers=3)):
+        for sq, sk in LENGTHS[2::2]:
+            for causal in (False, True):
+                cases.append((BwdKnobs(**values), 2, 4, 2, sq, sk, 64, causal, torch.float16, False, False))
+    for d in (40, 64, 80, 96, 128):
+        for causal in (False, True):
+            for dtype, (b, hq, hkv, sq, sk) in ((torch.float16, (2, 8, 2, 1000, 1000)),
+                                                (torch.bfloat16, (1, 4, 1, 123, 4097))):
+                knobs = default_knobs(Problem(b, hq, hkv, sq, sk, d, causal, str(dtype)[6:]), current(), "bwd")
+                cases.append((knobs, b, hq, hkv, sq, sk, d, causal, dtype, False, False))
+    for causal in (False, True):
+        cases.append((BwdKnobs(), 2, 8, 2, 1000, 777, 128, causal, torch.bfloat16, True, True))
+        cases.append((BwdKnobs(), 1, 8, 1, 4097, 4097, 128, causal, torch.float16, False, True))
+    return cases
+
+
+def check(cases):
+    failures = 0
+    for knobs, b, hq, hkv, sq, sk, d, causal, dtype, transposed, with_dlse in cases:
+        q, k, v = make_qkv(b, hq, hkv, sq, sk, d, dtype, "cuda", transposed=transposed)
+        scale = 0.7 / d ** 0.5
+        out, lse = attention_reference(q, k, v, causal, scale)
+        out, lse = out.to(dtype), lse.float()
+        gen = torch.Generator(device="cpu").manual_seed(sq + sk)
+        dout = torch.randn(q.shape, generator=gen).to(dtype=dtype, device="cuda")
+        dlse = torch.randn(lse.shape, generator=gen).to("cuda") if with_dlse else None
+        grads = gradients(knobs, q, k, v, out, lse, dout, causal, scale, dlse)
+        refs = attention_backward_reference(q, k, v, dout, causal, scale, dlse=dlse)
+        errors = [relative_error(grad, ref) for grad, ref in zip(grads, refs)]
+        ok = all(err < GRAD_TOLERANCE[dtype] for err in errors) and not any(math.isnan(err) for err in errors)
+        failures += not ok
+        point = {name: value for name, value in knobs.as_point().items() if name != "family"}
+        print(f"{'ok  ' if ok else 'FAIL'} {point} b{b} h{hq}/{hkv} s{sq}/{sk} d{d} {'causal' if causal else 'full'}"
+              f" {str(dtype)[6:]}{' bshd' if transposed else ''}{' dlse' if with_dlse else ''}: "
+              + " ".join(f"{name} {err:.2e}" for name, err in zip(("dq", "dk", "dv"), errors)), flush=True)
+    return failures
+
+
+def fa_grid(dtypes=(torch.float16, torch.bfloat16)):
+    """(b, h, s, d, causal, dtype): batch x seqlen = 16k tokens, heads x d = 2048 (the grid of NOTES 40)."""
+    return [(16384 // s, 2048 // d, s, d, causal, dtype) for dtype in dtypes for d in (64, 128)
+            for causal in (False, True) for s in (512, 1024, 2048, 4096, 8192, 16384)]
+
+
+def _sdpa(backend, causal):
+    def run(q, k, v):
+        if backend is None:
+            return sdpa_attention(q, k, v, causal)
+        with sdpa_kernel(backend):
+            return sdpa_attention(q, k, v, causal)
+    return run
+
+
+def bench(problems, variants, out_path, command):
+    rows = []
+    device = torch.device("cuda")
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, command=command)
+    for b, h, s, d, causal, dtype in problems:
+        problem = Problem(b, h, h, s, s, d, causal, str(dtype)[6:])
+        q, k, v, dout = problem.random_inputs(device, 0, with_dout=True)
+        out, lse = autoflash.attention(q, k, v, causal=causal, return_lse=True)
+        flops = problem.flops("bwd")
+        label = f"b{b} h{h} s{s} d{d}{' causal' if causal else ''} {str(dtype)[6:]}"
+        line = []
+
+        def record(backend, ms, **extra):
+            rows.append(dict(meta, problem=label, backend=backend, ms=ms, tflops=flops / ms * 1e-9, **extra))
+            line.append(f"{backend} {flops / ms * 1e-9:.0f}")
+
+        for name, backend in (("sdpa", None), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            record(name, backward_ms(_sdpa(backend, causal), [(q, k, v, dout)], device))
+        base = rows[-3]["ms"]
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        tuned = DISPATCHER.choice(problem, current(), "bwd").knobs  # what autoflash runs today (tl's tuned records)
+        for name, knobs in [(f"autoflash {tuned.family}", tuned)] + [(f"gluon {json.dumps(change)}", _knobs(change, problem))
+                                                         for change in variants]:
+            if knobs is None:
+                continue
+            plan = codegen.load(knobs).backward_plan(q, k, v, out, lse, dout, *grads, d ** -0.5, causal, None)
+            ms = median_ms(lambda i: plan(q, k, v, out, lse, dout, *grads, None), 1, device)
+            record(name, ms, knobs=knobs.as_point(), vs_sdpa=base / ms)
+            line[-1] += f" ({base / ms:.2f}x)"
+        print(f"{label:28s} " + " | ".join(line), flush=True)
+    with open(out_path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return rows
+
+
+def _knobs(change, problem):
+    """The family's default for the problem (change "default"), or it with these knobs changed; None where that
+    cannot run the problem."""
+    knobs = default_knobs(problem, current(), "bwd")
+    if change == "default" or knobs is None:
+        return knobs
+    knobs = BwdKnobs(**knobs.as_point() | change)
+    return None if families.violations(knobs, problem, current()) else knobs
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
+    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "short"])
+    parser.add_argument("--variants", default='["default"]')
+    parser.add_argument("--out", default="gluon_bwd_bench.jsonl")
+    args = parser.parse_args()
+    failures = check(check_cases()[::args.every]) if args.check else 0
+    if args.bench:
+        problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
+                    "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048]}[args.bench]
+        bench(problems, json.loads(args.variants), args.out, " ".join(sys.argv))
+    print(f"{failures} failures")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
