@@ -131,6 +131,7 @@ def test_backward_cases_cover_the_defaults():
     (BwdKnobs(), _problem(head_dim=192), H100, "head dims 33..128"),
     (BwdKnobs(block_n=64), _problem(), H100, "does not split"),
     (BwdKnobs(block_m=64), _problem(), H100, "registers"),
+    (BwdKnobs(), Problem(4096, 32, 8, 128, 128, 128, False, "float16"), H100, "grid's y axis"),
 ])
 def test_backward_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)

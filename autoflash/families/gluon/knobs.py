@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from autoflash.gpu import Gpu, tma_aligned
-from autoflash.knobs import Knobs, family_knob, head_dim_pad, knob
+from autoflash.knobs import MAX_GRID_Y, Knobs, family_knob, head_dim_pad, knob
 from autoflash.problem import Problem
 
 FAMILY_DOC = ("FlashAttention-3's shape in Gluon (templates/gluon), Hopper only: a TMA producer warp and "
@@ -139,6 +139,9 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     if not 33 <= problem.head_dim <= 128:
         why.append(f"the Gluon backward takes head dims 33..128 (dQ^T = K^T dS^T needs 64 or more padded columns; "
                    f"dK and dV past 128 do not fit the registers), not {problem.head_dim}")
+    if problem.batch * problem.heads_q > MAX_GRID_Y:  # the delta kernel's grid; the main one's is batch x heads_kv
+        why.append(f"{problem.batch * problem.heads_q} programs (batch x heads_q) along the grid's y axis, CUDA "
+                   f"allows {MAX_GRID_Y}")
     if knobs.block_n % (64 * knobs.warpgroups):
         why.append(f"{knobs.warpgroups} warpgroups own 64-key slices each: block_n {knobs.block_n} does not split")
     smem = bwd_shared_memory_bytes(knobs, problem)
