@@ -6,8 +6,9 @@ Run from the checkout:
     python benchmarks/gluon_bwd.py --bench fa_grid --variants '["default", {"num_buffers": 3}]' --out rows.jsonl
 
 The backward times are of the kernels alone (a plan per problem, out and lse from autoflash's forward) for gluon
-and for the variant autoflash dispatches today (tl's tuned records); SDPA's (plain: cuDNN on the H100; cuDNN forced; FA2) are of torch.autograd.grad after a kept forward, as
-autoflash.bench times them, so they carry autograd's few microseconds more.
+and for the variant autoflash dispatches today (tl's tuned records); SDPA's (plain: cuDNN on the H100; cuDNN
+forced; FA2) are of torch.autograd.grad after a kept forward, as autoflash.bench times them, so they carry
+autograd's few microseconds more.
 """
 
 import argparse
@@ -21,7 +22,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 import autoflash  # noqa: E402
 from autoflash import codegen, families  # noqa: E402
 from autoflash.api import DISPATCHER  # noqa: E402
@@ -31,6 +32,7 @@ from autoflash.problem import Problem  # noqa: E402
 from autoflash.reference import (GRAD_TOLERANCE, attention_backward_reference, attention_reference,  # noqa: E402
                                  relative_error, sdpa_attention)
 from autoflash.tune.timing import backward_ms, median_ms  # noqa: E402
+from gluon_fwd import fa_grid  # noqa: E402  (the forward's grid: NOTES G2, 40)
 from helpers import make_qkv  # noqa: E402
 
 LENGTHS = ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097))
@@ -88,12 +90,6 @@ def check(cases):
     return failures
 
 
-def fa_grid(dtypes=(torch.float16, torch.bfloat16)):
-    """(b, h, s, d, causal, dtype): batch x seqlen = 16k tokens, heads x d = 2048 (the grid of NOTES 40)."""
-    return [(16384 // s, 2048 // d, s, d, causal, dtype) for dtype in dtypes for d in (64, 128)
-            for causal in (False, True) for s in (512, 1024, 2048, 4096, 8192, 16384)]
-
-
 def _sdpa(backend, causal):
     def run(q, k, v):
         if backend is None:
@@ -104,6 +100,7 @@ def _sdpa(backend, causal):
 
 
 def bench(problems, variants, out_path, command):
+    """Time each problem's backward, appending its rows to out_path (JSON lines)."""
     rows = []
     device = torch.device("cuda")
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, command=command)
@@ -125,19 +122,17 @@ def bench(problems, variants, out_path, command):
         base = rows[-3]["ms"]
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         tuned = DISPATCHER.choice(problem, current(), "bwd").knobs  # what autoflash runs today (tl's tuned records)
-        for name, knobs in [(f"autoflash {tuned.family}", tuned)] + [(f"gluon {json.dumps(change)}", _knobs(change, problem))
-                                                         for change in variants]:
+        gluon = [(f"gluon {json.dumps(change)}", _knobs(change, problem)) for change in variants]
+        for name, knobs in [(f"autoflash {tuned.family}", tuned)] + gluon:
             if knobs is None:
                 continue
             plan = codegen.load(knobs).backward_plan(q, k, v, out, lse, dout, *grads, d ** -0.5, causal, None)
             ms = median_ms(lambda i: plan(q, k, v, out, lse, dout, *grads, None), 1, device)
             record(name, ms, knobs=knobs.as_point(), vs_sdpa=base / ms)
             line[-1] += f" ({base / ms:.2f}x)"
+        with open(out_path, "a") as f:  # each problem's rows as they come: a run cut short keeps what it timed
+            f.writelines(json.dumps(row) + "\n" for row in rows[-len(line):])
         print(f"{label:28s} " + " | ".join(line), flush=True)
-    with open(out_path, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    return rows
 
 
 def _knobs(change, problem):
