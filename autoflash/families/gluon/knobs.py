@@ -10,6 +10,8 @@ from autoflash.problem import Problem
 
 FAMILY_DOC = ("FlashAttention-3's shape in Gluon (templates/gluon), Hopper only: a TMA producer warp and "
               "consumer warpgroups with registers split between them, asynchronous wgmma")
+BWD_DOC = ("a FlashAttention-2/3 backward in Gluon (templates/gluon), Hopper only: TMA rings, asynchronous wgmma, "
+           "dQ by atomics")
 MAX_REGISTERS = 65536  # per SM, and one program holds an SM
 MAX_THREAD_REGISTERS = 255
 MBARRIER_BYTES = 1024  # the barriers and the compiler's scratch, rounded up (measured: 368-472 B)
@@ -53,7 +55,7 @@ class BwdKnobs(Knobs):
     keys each."""
     DIRECTION: ClassVar[str] = "bwd"
 
-    family: str = family_knob("gluon", FAMILY_DOC)
+    family: str = family_knob("gluon", BWD_DOC)
     block_m: int = knob(32, (32, 64), "query rows of one step (the N of S^T = K Q^T's wgmma)")
     block_n: int = knob(128, (64, 128), "key rows of one program")
     num_buffers: int = knob(2, (2, 3), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this one")
@@ -69,8 +71,9 @@ def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
 
 
 def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
-    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, dS^T. Measured on sm_90 compiles: d128, 128 keys,
-    2 slots of 64 rows: 148504 B (this gives 149504); 3 slots of 32 rows: see tests/test_gluon_compile.py."""
+    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, dS^T. Measured on sm_90 compiles (NOTES G-bwd1): d128,
+    128 keys, 2 slots of 32 rows: 107032 B (this gives 108032); d64, 128 keys, 3 slots of 64 rows: 99880
+    (100864)."""
     d, size = head_dim_pad(problem.head_dim), problem.element_size
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
     return size * (2 * knobs.block_n * d + knobs.block_n * knobs.block_m) + ring + MBARRIER_BYTES
@@ -79,7 +82,8 @@ def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
 def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
     """Registers a backward thread needs: the fp32 dK and dV tiles, S^T (then P^T) and dP^T with P^T kept for
     dS^T and its half-precision copy, the rows' lse and delta, and ~24 for addresses and loop state. On sm_90
-    compiles (triton 3.6 and 3.9) 224 (d128, 32-row steps) ran without spills in the loop, 296 (64-row) spilled."""
+    compiles (NOTES G-bwd1) every point up to 232 fit 255 registers without spills under triton 3.9 (under 3.6,
+    three d128 points at 224 spill 12-72 B); 296 (d128 in 64-row steps) spilled under both."""
     threads = 128 * knobs.warpgroups
     dkdv = 2 * knobs.block_n * head_dim_pad(problem.head_dim) // threads
     s = knobs.block_n * knobs.block_m // threads
