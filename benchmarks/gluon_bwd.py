@@ -123,9 +123,11 @@ def bench(problems, variants, out_path, command):
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         tuned = DISPATCHER.choice(problem, current(), "bwd").knobs  # what autoflash runs today (tl's tuned records)
         gluon = [(f"gluon {json.dumps(change)}", _knobs(change, problem)) for change in variants]
+        timed = set()
         for name, knobs in [(f"autoflash {tuned.family}", tuned)] + gluon:
-            if knobs is None:
+            if knobs is None or knobs in timed:  # cannot run the problem, or a change its default already has
                 continue
+            timed.add(knobs)
             plan = codegen.load(knobs).backward_plan(q, k, v, out, lse, dout, *grads, d ** -0.5, causal, None)
             ms = median_ms(lambda i: plan(q, k, v, out, lse, dout, *grads, None), 1, device)
             record(name, ms, knobs=knobs.as_point(), vs_sdpa=base / ms)

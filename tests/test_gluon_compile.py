@@ -132,7 +132,7 @@ def test_backward_cases_cover_the_defaults():
     (BwdKnobs(), _problem(dtype="float32"), H100, "fp16 or bf16"),
     (BwdKnobs(), _problem(head_dim=32), H100, "head dims 33..128"),
     (BwdKnobs(), _problem(head_dim=192), H100, "head dims 33..128"),
-    (BwdKnobs(block_n=64), _problem(), H100, "does not split"),
+    (BwdKnobs(warpgroups=2), _problem(), H100, "does not split"),
     (BwdKnobs(block_m=64), _problem(), H100, "registers"),
     (BwdKnobs(), Problem(4096, 32, 8, 128, 128, 128, False, "float16"), H100, "grid's y axis"),
 ])

@@ -57,9 +57,9 @@ class BwdKnobs(Knobs):
 
     family: str = family_knob("gluon", BWD_DOC)
     block_m: int = knob(32, (32, 64), "query rows of one step (the N of S^T = K Q^T's wgmma)")
-    block_n: int = knob(128, (64, 128), "key rows of one program")
+    block_n: int = knob(64, (64, 128), "key rows of one program")
     num_buffers: int = knob(2, (2, 3), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this one")
-    warpgroups: int = knob(2, (1, 2), "warpgroups of a program, each owning block_n / warpgroups keys")
+    warpgroups: int = knob(1, (1, 2), "warpgroups of a program, each owning block_n / warpgroups keys")
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
@@ -71,9 +71,9 @@ def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
 
 
 def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
-    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, dS^T. Measured on sm_90 compiles (NOTES G-bwd1): d128,
-    128 keys, 2 slots of 32 rows: 107032 B (this gives 108032); d64, 128 keys, 3 slots of 64 rows: 99880
-    (100864)."""
+    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, dS^T. Measured on sm_90 compiles (NOTES
+    G-bwd1): d128, 64 keys, 2 slots of 32 rows: 70168 B (this gives 71168); d64, 128 keys, 3 slots of 64 rows:
+    99880 (100864)."""
     d, size = head_dim_pad(problem.head_dim), problem.element_size
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
     return size * (2 * knobs.block_n * d + knobs.block_n * knobs.block_m) + ring + MBARRIER_BYTES
@@ -172,12 +172,13 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
     without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
     the family cannot run the problem. The backward (not measured yet: the `tl` family, first in
-    autoflash.families.FAMILIES, stays the default backward): 128-key programs of two warpgroups (dQ's atomics
-    once per 128 keys, as FlashAttention-3's); head dims to 64 in 64-row steps with three ring slots, larger ones
-    in 32-row steps with two (the registers of 64-row steps spill: NOTES G-bwd1)."""
+    autoflash.families.FAMILIES, stays the default backward), the largest points that compiled without register
+    spills under triton 3.6 and 3.9 (NOTES G-bwd1): head dims to 64 in 128-key programs of two warpgroups (dQ's
+    atomics once per 128 keys, as FlashAttention-3's), 64-row steps, three ring slots; larger ones in 64-key
+    programs of one warpgroup (two fit an SM), 32-row steps, two slots."""
     if direction == "bwd":
         small = head_dim_pad(problem.head_dim) <= 64
-        knobs = BwdKnobs(block_m=64, num_buffers=3) if small else BwdKnobs()
+        knobs = BwdKnobs(block_m=64, block_n=128, num_buffers=3, warpgroups=2) if small else BwdKnobs()
         return None if violations(knobs, problem, gpu) else knobs
     d = head_dim_pad(problem.head_dim)
     three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
