@@ -7,6 +7,11 @@ import torch
 
 BWD_FLOP_RATIO = 2.5
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# Attention variants (what is computed, beside the shapes). Each is a Jinja gate of the templates: its code is
+# rendered only for problems that use it (`{% if WINDOW %}...{% endif %}`), and a template fingerprint counts
+# only the gates its problems use (codegen.template_fingerprint), so a plain problem's kernels, fingerprint and
+# tuned records do not change when a variant is added.
+VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI")
 
 
 @dataclass(frozen=True)
