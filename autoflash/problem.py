@@ -11,7 +11,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 # rendered only for problems that use it (`{% if WINDOW %}...{% endif %}`), and a template fingerprint counts
 # only the gates its problems use (codegen.template_fingerprint), so a plain problem's kernels, fingerprint and
 # tuned records do not change when a variant is added.
-VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI")
+VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGED")
 
 
 @dataclass(frozen=True)
