@@ -145,6 +145,14 @@ class Variant:
         return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
                                            softmax_scale, causal, dlse, compile)
 
+    def varlen_forward_plan(self, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale: float,
+                            causal: bool, pages=None, compile=compile_launch):
+        """forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table) over packed sequences (a
+        VARLEN variant; PAGED with `pages`), for every call shaped like this one: the launcher's
+        `varlen_forward_plan` says the layouts."""
+        return self.launcher.varlen_forward_plan(self.kernels, self._data, q, k, v, out, lse, cu_seqlens_q, starts_k,
+                                                 seqlens_k, softmax_scale, causal, compile, pages)
+
     def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
         """Launch the forward once. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k,
         head_dim), each with unit last stride; lse: fp32 (batch, heads_q, seqlen_q), contiguous, or None."""

@@ -1,0 +1,69 @@
+"""attention_varlen: packed sequences of odd lengths (empty ones too) against the fp64 reference per sequence."""
+
+import pytest
+import torch
+
+import autoflash
+from autoflash.reference import GRAD_TOLERANCE, TOLERANCE, relative_error, varlen_reference
+from conftest import DEVICE
+
+
+def packed_batch(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rows(total, heads):
+        return torch.randn(total, heads, head_dim, generator=gen, dtype=torch.float32).to(DEVICE, dtype)
+
+    def offsets(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    q, k, v = rows(sum(lengths_q), heads_q), rows(sum(lengths_k), heads_kv), rows(sum(lengths_k), heads_kv)
+    return q, k, v, offsets(lengths_q), offsets(lengths_k)
+
+
+CASES = [  # lengths of q, lengths of k, heads_q, heads_kv, head_dim, causal, dtype
+    ([0, 1, 7, 123], [0, 1, 7, 123], 2, 2, 32, True, torch.float16),
+    ([5, 0, 40, 17], [9, 3, 33, 17], 4, 1, 24, False, torch.float32),
+    ([33, 1, 2], [64, 50, 0], 4, 2, 64, True, torch.float16),
+]
+
+
+@pytest.mark.parametrize("lengths_q, lengths_k, heads_q, heads_kv, head_dim, causal, dtype", CASES)
+def test_forward_matches_reference(lengths_q, lengths_k, heads_q, heads_kv, head_dim, causal, dtype):
+    q, k, v, cu_q, cu_k = packed_batch(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype)
+    out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
+    result, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
+                                             return_lse=True, out=out)
+    ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal)
+    assert result is out and lse.shape == (heads_q, q.shape[0]) and lse.dtype == torch.float32
+    assert relative_error(out, ref) < TOLERANCE[dtype]
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(seen, torch.isfinite(lse)), "rows that see no key have lse -inf"
+    assert (lse[seen].double() - ref_lse[seen]).abs().max() < 1e-3
+
+
+KNOBS = [  # what the table and the offsets must hold for: packed GQA rows, key splits, two column tiles, tiles
+    dict(block_m=16, block_n=16, num_warps=2, num_stages=1, pack_gqa=True),
+    dict(block_m=32, block_n=16, num_warps=2, num_stages=1, kv_splits=4),
+    dict(block_m=16, block_n=32, num_warps=2, num_stages=1, head_dim_split=True, pack_gqa=True, kv_splits=2),
+    dict(block_m=64, block_n=16, num_warps=4, num_stages=1, causal_split=False, exp="exp"),
+]
+
+
+@pytest.mark.parametrize("knobs", KNOBS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_variants(knobs, causal):
+    from autoflash import codegen
+    from autoflash.families.tl.knobs import FwdKnobs
+    from autoflash.varlen import packed
+
+    lengths_q, lengths_k = [3, 0, 45, 1, 20], [7, 5, 45, 0, 60]
+    q, k, v, cu_q, cu_k = packed_batch(lengths_q, lengths_k, 8, 2, 40, torch.float16, seed=1)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((8, q.shape[0]), float("nan"), device=DEVICE)
+    forward = codegen.load(FwdKnobs(**knobs), frozenset({"VARLEN"})).varlen_forward_plan(
+        packed(q), packed(k), packed(v), packed(out), lse.unsqueeze(0), cu_q, cu_k[:-1], cu_k.diff(), 0.3, causal)
+    forward(packed(q), packed(k), packed(v), packed(out), lse.unsqueeze(0), cu_q, cu_k[:-1], cu_k.diff())
+    ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal, 0.3)
+    assert relative_error(out, ref) < TOLERANCE[torch.float16]
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(seen, torch.isfinite(lse)) and (lse[seen].double() - ref_lse[seen]).abs().max() < 1e-3
