@@ -153,6 +153,13 @@ class Variant:
         return self.launcher.varlen_forward_plan(self.kernels, self._data, q, k, v, out, lse, cu_seqlens_q, starts_k,
                                                  seqlens_k, softmax_scale, causal, compile, pages)
 
+    def varlen_backward_plan(self, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                             softmax_scale: float, causal: bool, dlse, compile=compile_launch):
+        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k) over packed sequences (a
+        VARLEN variant), for every call shaped like this one: the launcher's `varlen_backward_plan`."""
+        return self.launcher.varlen_backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
+                                                  cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, dlse, compile)
+
     def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
         """Launch the forward once. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k,
         head_dim), each with unit last stride; lse: fp32 (batch, heads_q, seqlen_q), contiguous, or None."""

@@ -67,3 +67,52 @@ def test_forward_variants(knobs, causal):
     assert relative_error(out, ref) < TOLERANCE[torch.float16]
     seen = torch.isfinite(ref_lse)
     assert torch.equal(seen, torch.isfinite(lse)) and (lse[seen].double() - ref_lse[seen]).abs().max() < 1e-3
+
+
+GRAD_CASES = [  # lengths of q, lengths of k, heads_q, heads_kv, causal, backward knobs
+    ([0, 1, 7, 45], [0, 1, 7, 45], 2, 2, True, {}),
+    ([5, 0, 40, 17], [9, 3, 33, 0], 4, 2, False, {}),
+    ([20, 3, 37], [20, 50, 37], 4, 1, True, dict(dq="atomic", block_m=16, block_n=16, num_warps=2)),
+    ([20, 3, 37], [31, 3, 40], 2, 1, True, dict(causal_split=False, block_m=16, block_n=32, num_warps=2)),
+]
+
+
+def force_knobs(monkeypatch, direction, **knobs):
+    """Dispatch runs `knobs` (over its choice's) for `direction`."""
+    from dataclasses import replace
+
+    from autoflash.api import DISPATCHER
+
+    chosen = DISPATCHER.for_call
+
+    def for_call(problem, gpu, which, *args):
+        choice = chosen(problem, gpu, which, *args)
+        return replace(choice, knobs=replace(choice.knobs, **knobs)) if which == direction else choice
+    monkeypatch.setattr(DISPATCHER, "for_call", for_call)
+
+
+def grads_with_dlse(q, k, v, cu_q, cu_k, causal, dout, dlse):
+    """(dq, dk, dv) of sum(out * dout) + sum(lse * dlse) over the rows that see a key, by autograd through the
+    fp64 reference per sequence."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal)
+    seen = torch.isfinite(lse)
+    torch.autograd.backward((out, lse[seen]), (dout.double(), dlse.double()[seen]))
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("lengths_q, lengths_k, heads_q, heads_kv, causal, knobs", GRAD_CASES)
+def test_backward_matches_reference(lengths_q, lengths_k, heads_q, heads_kv, causal, knobs, monkeypatch):
+    force_knobs(monkeypatch, "bwd", **knobs)
+    dtype = torch.float32
+    q, k, v, cu_q, cu_k = packed_batch(lengths_q, lengths_k, heads_q, heads_kv, 32, dtype, seed=2)
+    dout, dlse = torch.randn_like(q), torch.randn(heads_q, q.shape[0], device=DEVICE)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
+                                          return_lse=True)
+    seen = torch.isfinite(lse.detach())
+    torch.autograd.backward((out, lse[seen]), (dout, dlse[seen]))
+    assert relative_error(out, varlen_reference(q.detach(), k.detach(), v.detach(), cu_q, cu_k, causal)[0]) \
+        < TOLERANCE[dtype]
+    for got, want in zip((q.grad, k.grad, v.grad), grads_with_dlse(q, k, v, cu_q, cu_k, causal, dout, dlse)):
+        assert relative_error(got, want) < GRAD_TOLERANCE[dtype]

@@ -268,3 +268,66 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
         main(q, k, v, part_out, part_lse, *lengths(cu_seqlens_q, starts_k, seqlens_k, block_table))
         combine(part_out, part_lse, out, out if lse is None else lse)
     return forward
+
+
+def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                         causal, dlse, compile):
+    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k)` over packed sequences, for
+    every call shaped like this one (as `backward_plan`, the lengths' values aside): q, out, dout, dq (1, heads_q,
+    total_q, head_dim) and k, v, dk, dv (1, heads_kv, total_k, head_dim) views of packed tensors; lse, dlse fp32
+    (1, heads_q, total_q). The dK/dV programs run a table of (sequence, key block) pairs, the dQ pass one of
+    (sequence, query block) pairs (`varlen_tiles`). Writes dq, dk, dv."""
+    _, heads_q, total_q, head_dim = q.shape
+    heads_kv, total_k = k.shape[1], k.shape[2]
+    batch = cu_seqlens_q.numel() - 1
+    block_m, block_n, atomic_dq = knobs["block_m"], knobs["block_n"], knobs["dq"] == "atomic"
+    head_dim_pad = kernels._head_dim_pad(head_dim)
+    tile = dict(IS_CAUSAL=causal, CAUSAL_SPLIT=knobs["causal_split"], INPUT_PRECISION=kernels._input_precision(q.dtype),
+                HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, num_warps=knobs["num_warps"],
+                num_stages=knobs["num_stages"], enable_fp_fusion=True)
+    varlen = ("Cu_seqlens_q", "Cu_seqlens_k", "Tiles")
+    key_count, query_count = triton.cdiv(total_k, block_n) + batch, triton.cdiv(total_q, block_n) + batch
+
+    def key_tiles(cu_seqlens_q, cu_seqlens_k):  # by the query rows that can see them: their sequence's
+        return varlen_tiles(cu_seqlens_k, cu_seqlens_q[1:] - cu_seqlens_q[:-1], 1, block_n, False, key_count)
+
+    def query_tiles(cu_seqlens_q, cu_seqlens_k):
+        return varlen_tiles(cu_seqlens_q, cu_seqlens_k[1:] - cu_seqlens_k[:-1], 1, block_n, causal, query_count)
+
+    delta = torch.empty_like(lse)
+    preprocess = compile(  # over (1, heads_q, total_q) rows, as the dense backward's
+        kernels._attn_bwd_preprocess, (triton.cdiv(total_q, _PREPROCESS_BLOCK), heads_q),
+        (out, dout, lse if dlse is None else dlse, delta, *out.stride()[:3], *dout.stride()[:3], heads_q, total_q),
+        dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HAS_DLSE=dlse is not None, BLOCK=_PREPROCESS_BLOCK,
+             enable_fp_fusion=True),
+        4)
+    dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq
+    lengths = (cu_seqlens_q, cu_seqlens_k)
+    dkdv = compile(
+        kernels._attn_bwd_dkdv, (key_count * heads_kv,),
+        (q, k, v, dout, lse, delta, dq_sum, dk, dv, softmax_scale,
+         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq_sum.stride()[:3],
+         *dk.stride()[:3], *dv.stride()[:3], heads_q, heads_kv, heads_q // heads_kv, total_q, total_k),
+        dict(tile, ATOMIC_DQ=atomic_dq, BLOCK_M=block_m, BLOCK_N=block_n,
+             **dict(zip(varlen, (*lengths, key_tiles(*lengths))))),
+        9, varlen)
+    dq_pass = None if atomic_dq else compile(
+        kernels._attn_bwd_dq, (query_count * heads_q,),
+        (q, k, v, dout, lse, delta, dq, softmax_scale,
+         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
+         heads_q, heads_q // heads_kv, total_q, total_k),
+        dict(tile, BLOCK_M=block_n, BLOCK_N=block_m, **dict(zip(varlen, (*lengths, query_tiles(*lengths))))),
+        7, varlen)
+
+    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k):
+        lengths = (cu_seqlens_q, cu_seqlens_k)
+        delta = torch.empty_like(lse)
+        preprocess(out, dout, lse if dlse is None else dlse, delta)
+        if atomic_dq:
+            dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            dkdv(q, k, v, dout, lse, delta, dq_sum, dk, dv, *lengths, key_tiles(*lengths))
+            dq.copy_(dq_sum)
+            return
+        dkdv(q, k, v, dout, lse, delta, dq, dk, dv, *lengths, key_tiles(*lengths))
+        dq_pass(q, k, v, dout, lse, delta, dq, *lengths, query_tiles(*lengths))
+    return backward
