@@ -103,26 +103,24 @@ def packed_forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seq
                    pages=None):
     """Write out (and lse, (heads_q, total_q), unless None) of packed q (total_q, heads_q, head_dim): sequence s
     has the query rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) and seqlens_k[s] keys from row starts_k[s] of k, v
-    ((rows, heads_kv, head_dim)), or with pages = (block_table, page_size) on the pages of k and v
-    ((num_pages, page_size, heads_kv, head_dim)) that block_table[s] lists."""
+    ((rows, heads_kv, head_dim)); or with pages = (block_table, page_size, page stride of k, of v), keys on the pages
+    that block_table[s] lists, k and v then the (page_size, heads_kv, head_dim) views of the caches' page 0 (the
+    kernel steps from there by the page strides)."""
     if q.shape[0] == 0 or cu_seqlens_q.numel() < 2:
         if lse is not None:
             lse.fill_(float("-inf"))
         return
-    if pages is not None:
-        k, v = k.flatten(0, 1), v.flatten(0, 1)  # page p's row r: row p * page_size + r (strides as given)
     key = ("fwd", _layout(q), _layout(k), _layout(v), _layout(out), _layout(lse), cu_seqlens_q.shape,
-           max_seqlen_q, max_seqlen_k, causal, scale, None if pages is None else (_layout(pages[0]), pages[1]))
+           max_seqlen_q, max_seqlen_k, causal, scale, None if pages is None else (_layout(pages[0]), *pages[1:]))
 
     def make():
         variants = frozenset({"VARLEN", "PAGED"} if pages is not None else {"VARLEN"})
         problem = problem_of(q, k, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, causal, variants)
         views = tuple(packed(t) for t in (q, k, v, out))
         knobs = DISPATCHER.for_call(problem, gpus.current(q.device), "fwd", views).knobs
-        paging = None if pages is None else (pages[0], pages[1], k.stride(0) * pages[1], v.stride(0) * pages[1])
         return codegen.load(knobs, variants).varlen_forward_plan(
             *views, None if lse is None else lse.unsqueeze(0), cu_seqlens_q, starts_k, seqlens_k, scale, causal,
-            paging)
+            pages)
     _cached(key, make)(packed(q), packed(k), packed(v), packed(out), None if lse is None else lse.unsqueeze(0),
                        cu_seqlens_q, starts_k, seqlens_k, None if pages is None else pages[0])
 
