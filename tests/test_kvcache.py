@@ -97,3 +97,27 @@ def test_paged_variants(knobs, monkeypatch):
                                            causal=True)
     ref, _ = reference(q, k_dense, v_dense, lengths, True)
     assert relative_error(out, ref) < TOLERANCE[torch.float16]
+
+
+def test_bad_inputs_say_how_to_fix():
+    gen = torch.Generator().manual_seed(7)
+    q = normal(gen, 2, 1, 4, 32)
+    k_dense, v_dense = (normal(gen, 2, 40, 2, 32) for _ in range(2))
+    k_cache, v_cache, block_table = paged((k_dense, v_dense), 16, gen)
+    lengths = torch.tensor([10, 40], dtype=torch.int32, device=DEVICE)
+
+    def call(*caches, **kwargs):
+        return autoflash.attention_with_kvcache(q, *(caches or (k_cache, v_cache)), **(
+            dict(cache_seqlens=lengths, block_table=block_table) | kwargs))
+    with pytest.raises(ValueError, match="block_table must be an int32 \\(batch=2, max_pages\\)"):
+        call(block_table=block_table[:1])
+    with pytest.raises(ValueError, match="more than the cache holds \\(48 per sequence\\)"):
+        call(cache_seqlens=torch.tensor([10, 49], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="more than the cache holds \\(40 per sequence\\)"):
+        call(k_dense, v_dense, block_table=None, k=normal(gen, 2, 1, 2, 32), v=normal(gen, 2, 1, 2, 32))
+    with pytest.raises(ValueError, match="pages outside 0..8"):
+        call(block_table=block_table + 100)
+    with pytest.raises(TypeError, match="cache_seqlens must be an int32 tensor of shape \\(2,\\)"):
+        call(cache_seqlens=lengths.long())
+    with pytest.raises(ValueError, match="pass both k and v"):
+        call(k=normal(gen, 2, 1, 2, 32))

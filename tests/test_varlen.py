@@ -116,3 +116,59 @@ def test_backward_matches_reference(lengths_q, lengths_k, heads_q, heads_kv, cau
         < TOLERANCE[dtype]
     for got, want in zip((q.grad, k.grad, v.grad), grads_with_dlse(q, k, v, cu_q, cu_k, causal, dout, dlse)):
         assert relative_error(got, want) < GRAD_TOLERANCE[dtype]
+
+
+def test_bad_lengths_say_how_to_fix():
+    q, k, v, cu_q, cu_k = packed_batch([3, 4], [3, 4], 2, 2, 16, torch.float16)
+
+    def call(cu_q=cu_q, cu_k=cu_k, max_q=4, max_k=4, **kwargs):
+        return autoflash.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+    with pytest.raises(TypeError, match="int32 tensor of shape"):
+        call(cu_q=cu_q.long())
+    with pytest.raises(ValueError, match="rise .* from 0 to 7"):
+        call(cu_q=torch.tensor([0, 5, 3], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="rise .* from 0 to 7"):
+        call(cu_k=torch.tensor([0, 3, 6], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="more than max_seqlen 3"):
+        call(max_q=3)
+    with pytest.raises(ValueError, match="one entry per sequence"):
+        call(cu_k=torch.tensor([0, 7], dtype=torch.int32, device=DEVICE), max_k=7)
+    with pytest.raises(ValueError, match="3-D"):
+        autoflash.attention_varlen(q[None], k, v, cu_q, cu_k, 4, 4)
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="move it with .to"):
+            call(cu_q=cu_q.to("meta"))
+
+
+def test_empty_batch_and_no_rows():
+    q, k, v, cu_q, cu_k = packed_batch([0, 0], [0, 5], 2, 2, 16, torch.float16)
+    out, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, 0, 5, return_lse=True)
+    assert out.shape == (0, 2, 16) and lse.shape == (2, 0)
+
+
+def test_dispatch_key_and_families():
+    """A varlen call is the Problem (sequences, longest lengths, VARLEN); plain keys are unchanged; gluon and fa1
+    refuse it; the nearest tuned dense winner is fitted to pointer loads in order."""
+    from dataclasses import replace
+
+    from autoflash import families, gpu as gpus
+    from autoflash.families import fa1
+    from autoflash.families.gluon.knobs import FwdKnobs as GluonKnobs
+    from autoflash.families.tl.defaults import fit
+    from autoflash.families.tl.knobs import FwdKnobs
+    from autoflash.problem import Problem
+    from autoflash.varlen import problem_of
+
+    q, k, _, _, _ = packed_batch([3, 4], [3, 4], 4, 2, 64, torch.float16)
+    problem = problem_of(q, k, 2, 4, 9, True)
+    plain = Problem(2, 4, 2, 4, 9, 64, True, "float16")
+    assert problem.key() == plain.key() + "-varlen" and plain.key() == "b2-hq4-hkv2-sq4-sk9-d64-causal-float16"
+    assert problem.distance(plain) == 0.0, "dense records serve varlen problems"
+    gpu = replace(gpus.current(q.device), family="h100", capability=(9, 0))
+    for knobs in (GluonKnobs(), fa1.FwdKnobs()):
+        assert any("tl family only" in why for why in families.violations(knobs, problem, gpu))
+        assert not any("tl family only" in why for why in families.violations(knobs, plain, gpu))
+    tuned = FwdKnobs(block_m=16, block_n=16, num_warps=2, loads="tma_host", schedule="longest_first")
+    fitted = fit(tuned, problem, gpu)
+    assert (fitted.loads, fitted.schedule) == ("pointer", "in_order") and not families.violations(fitted, problem, gpu)
+    assert families.violations(tuned, problem, gpu) and fit(tuned, plain, gpu).loads == "tma_host"
