@@ -81,7 +81,8 @@ def problem_of(q, k, batch, max_seqlen_q, max_seqlen_k, causal, variants=frozens
                    causal, str(q.dtype).removeprefix("torch."), variants)
 
 
-# One launch per call signature (layouts, alignment, lengths' bounds, flags), made at its first call.
+# One launch per call signature (every tensor's layout and 16-byte alignment, which the compiled kernels are
+# specialised on; the lengths' bounds; the flags), made at its first call.
 _plans: dict = {}
 _MAX_PLANS = 1024
 
@@ -110,8 +111,8 @@ def packed_forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seq
         if lse is not None:
             lse.fill_(float("-inf"))
         return
-    key = ("fwd", _layout(q), _layout(k), _layout(v), _layout(out), _layout(lse), cu_seqlens_q.shape,
-           max_seqlen_q, max_seqlen_k, causal, scale, None if pages is None else (_layout(pages[0]), *pages[1:]))
+    key = ("fwd", _layout(q), _layout(k), _layout(v), _layout(out), _layout(lse), _layout(cu_seqlens_q),
+           _layout(starts_k), _layout(seqlens_k), max_seqlen_q, max_seqlen_k, causal, scale, None if pages is None else (_layout(pages[0]), *pages[1:]))
 
     def make():
         variants = frozenset({"VARLEN", "PAGED"} if pages is not None else {"VARLEN"})
@@ -131,8 +132,8 @@ def packed_backward(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, c
     if q.shape[0] == 0 or k.shape[0] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-    key = ("bwd", _layout(q), _layout(k), _layout(v), _layout(out), _layout(dout), _layout(dlse), cu_seqlens_q.shape,
-           call)
+    key = ("bwd", _layout(q), _layout(k), _layout(v), _layout(out), _layout(dout), _layout(dlse),
+           _layout(cu_seqlens_q), _layout(cu_seqlens_k), call)
 
     def make():
         problem = problem_of(q, k, cu_seqlens_q.numel() - 1, call.max_seqlen_q, call.max_seqlen_k, call.causal)
