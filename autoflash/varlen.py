@@ -208,6 +208,9 @@ def checked_packed(q, k, v):
     if q.device.type == "cpu" and not gpus.interpreting():
         raise ValueError("q, k, v are on the CPU: move them to a CUDA GPU, or set TRITON_INTERPRET=1 before "
                          "importing autoflash to run the kernels in Triton's (slow) interpreter")
+    if q.dtype == torch.bfloat16 and gpus.interpreting():
+        raise TypeError("Triton's interpreter computes bfloat16 products wrongly (Triton 3.9): pass float16 or "
+                        "float32 tensors on the CPU, or run on a GPU")
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
 
 

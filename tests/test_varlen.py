@@ -137,6 +137,8 @@ def test_bad_lengths_say_how_to_fix():
     if DEVICE == "cpu":
         with pytest.raises(ValueError, match="move it with .to"):
             call(cu_q=cu_q.to("meta"))
+        with pytest.raises(TypeError, match="pass float16 or float32"):
+            autoflash.attention_varlen(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu_q, cu_k, 4, 4)
 
 
 def test_empty_batch_and_no_rows():
