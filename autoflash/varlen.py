@@ -4,7 +4,7 @@ and with the meanings of flash-attn's `flash_attn_varlen_func`.
 A batch of sequences of different lengths is packed without padding: q (total_q, heads_q, head_dim) holds every
 sequence's query rows one after the other, sequence s the rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]); k and v
 alike with cu_seqlens_k. The kernels are the `tl` family's, rendered with the VARLEN gate: each program runs one
-(sequence, query tile) of a table the launcher builds per call on the device (templates/tl/launch.py,
+(sequence, query tile) of a table the launcher builds per call on the device (templates/tl/launch_varlen.py,
 `varlen_tiles`), the tiles that see the most keys first, so short sequences take no padded tiles.
 
 Dispatch: a call is the Problem (batch = sequences, seqlen_q/seqlen_k = max_seqlen_q/max_seqlen_k, variants
