@@ -38,13 +38,14 @@ _env = jinja2.Environment(
 @lru_cache(maxsize=None)
 def template_fingerprint(family: str, direction: str = "fwd", variants: frozenset[str] = frozenset()) -> str:
     """Hash of what one family's `direction` kernels come from, for problems using `variants` (names of
-    problem.VARIANTS): every file of templates/common/ and of templates/<family>/ (its launcher included) but
-    those named for another direction (attn_bwd.py.jinja counts for the backward alone); templates as parsed,
+    problem.VARIANTS): every file of templates/common/ and of templates/<family>/ (its launchers included) but
+    those named for another direction or an unused variant (attn_bwd.py.jinja counts for the backward alone,
+    launch_varlen.py for VARLEN problems alone); templates as parsed,
     with the blocks gated on a variant not in `variants` cut out (`_ungated`). So adding a variant's code to the
     templates leaves a plain problem's fingerprint, and its tuned records, as they were. Records and cached
     kernels of other template text are never used."""
-    others = [d for d in families.DIRECTIONS if d != direction]
     unused = frozenset(VARIANTS) - variants
+    others = [d for d in families.DIRECTIONS if d != direction] + [name.lower() for name in unused]
     root = data_dir("templates")
     digest = hashlib.sha256()
     for path in sorted([*(root / "common").iterdir(), *(root / family).iterdir()]):
@@ -144,6 +145,21 @@ class Variant:
         None alike)."""
         return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
                                            softmax_scale, causal, dlse, compile)
+
+    def varlen_forward_plan(self, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale: float,
+                            causal: bool, pages=None, compile=compile_launch):
+        """forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table) over packed sequences (a
+        VARLEN variant; PAGED with `pages`), for every call shaped like this one: the launcher's
+        `varlen_forward_plan` says the layouts."""
+        return launcher(self.knobs.family, "varlen").varlen_forward_plan(self.kernels, self._data, q, k, v, out, lse, cu_seqlens_q, starts_k,
+                                                 seqlens_k, softmax_scale, causal, compile, pages)
+
+    def varlen_backward_plan(self, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                             softmax_scale: float, causal: bool, dlse, compile=compile_launch):
+        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k) over packed sequences (a
+        VARLEN variant), for every call shaped like this one: the launcher's `varlen_backward_plan`."""
+        return launcher(self.knobs.family, "varlen").varlen_backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
+                                                  cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, dlse, compile)
 
     def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
         """Launch the forward once. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k,

@@ -102,7 +102,14 @@ def test_variant_gates_leave_other_problems_fingerprints(tmp_path, monkeypatch):
         again = fingerprints()
         assert again[window] != after[window] and again[plain] != after[plain] and again[softcap] != after[softcap]
         insert("# outside every gate\n")
-        assert all(fingerprints()[v] != again[v] for v in again)
+        latest = fingerprints()
+        assert all(latest[v] != again[v] for v in again)
+        varlen = frozenset({"VARLEN"})
+        before_varlen = codegen.template_fingerprint("tl", "fwd", varlen)
+        varlen_launcher = tmp_path / "tl/launch_varlen.py"  # a file named for a variant counts for it alone
+        varlen_launcher.write_text(varlen_launcher.read_text() + "\n# edit\n")
+        assert fingerprints() == latest
+        assert codegen.template_fingerprint("tl", "fwd", varlen) != before_varlen
     finally:
         codegen.template_fingerprint.cache_clear()
 

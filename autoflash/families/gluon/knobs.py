@@ -64,6 +64,8 @@ def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
 def violations(knobs: FwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot run `problem` on `gpu`; empty when it can (the `tl` family covers what this refuses)."""
     why = []
+    if problem.variants & {"VARLEN", "PAGED"}:
+        why.append("packed sequences and paged caches run in the tl family only")
     if gpu.family == "interpreter":
         why.append("Gluon kernels have no interpreter: they run on a Hopper GPU only")
     elif gpu.capability != (9, 0):
