@@ -7,6 +7,11 @@ import torch
 
 BWD_FLOP_RATIO = 2.5
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# Attention variants (what is computed, beside the shapes). Each is a Jinja gate of the templates: its code is
+# rendered only for problems that use it (`{% if WINDOW %}...{% endif %}`), and a template fingerprint counts
+# only the gates its problems use (codegen.template_fingerprint), so a plain problem's kernels, fingerprint and
+# tuned records do not change when a variant is added.
+VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGED")
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,9 @@ class Problem:
     head_dim: int
     causal: bool
     dtype: str  # a key of DTYPES
+    # Names of VARIANTS it uses. VARLEN: packed sequences (autoflash.attention_varlen, and the KV-cache entry point):
+    # batch counts the sequences, seqlen_q and seqlen_k are the longest ones. PAGED: keys on pages of a cache.
+    variants: frozenset[str] = frozenset()
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, causal: bool) -> "Problem":
@@ -46,7 +54,8 @@ class Problem:
     def key(self) -> str:
         """A stable name, e.g. 'b4-hq32-hkv8-sq2048-sk2048-d128-causal-bfloat16'."""
         return (f"b{self.batch}-hq{self.heads_q}-hkv{self.heads_kv}-sq{self.seqlen_q}-sk{self.seqlen_k}"
-                f"-d{self.head_dim}-{'causal' if self.causal else 'full'}-{self.dtype}")
+                f"-d{self.head_dim}-{'causal' if self.causal else 'full'}-{self.dtype}"
+                + "".join(f"-{name.lower()}" for name in sorted(self.variants)))
 
     def label(self) -> str:
         """Short form for tables: 'b4 h32/8 s2048 d128 causal bf16'."""

@@ -24,21 +24,24 @@ def data_dir(name: str) -> Path:
     )
 
 
-def launcher_path(family: str, direction: str = "fwd") -> Path:
-    """The launcher of `family`'s `direction` kernels, plain Python that needs only torch and triton:
-    templates/<family>/launch_<direction>.py where the family has one (its edits then leave the other direction's
-    template fingerprint alone), else templates/<family>/launch.py."""
-    own = data_dir("templates") / family / f"launch_{direction}.py"
-    return own if own.is_file() else data_dir("templates") / family / "launch.py"
+def launcher_path(family: str, part: str = "") -> Path:
+    """A launcher of `family`, plain Python that needs only torch and triton: templates/<family>/launch_<part>.py
+    where the family has one (`part`: a direction, "bwd", or a variant's name in lower case, "varlen": its edits
+    then leave the fingerprints of the family's other kernels alone), else templates/<family>/launch.py."""
+    own = data_dir("templates") / family / f"launch_{part}.py"
+    return own if part and own.is_file() else data_dir("templates") / family / "launch.py"
 
 
 @lru_cache(maxsize=None)
-def launcher(family: str, direction: str = "fwd"):
-    """The imported launcher module of `family`'s `direction` kernels (once per process and file)."""
-    path = launcher_path(family, direction)
+def launcher(family: str, part: str = ""):
+    """The imported module of `launcher_path(family, part)` (once per process and file); one of its own gets the
+    family's launch.py module as its global `base` (to build on its helpers)."""
+    path = launcher_path(family, part)
     name = f"autoflash_{family}_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    if path.name != "launch.py":
+        module.base = launcher(family)
     return module

@@ -181,7 +181,9 @@ class Store:
                                    dict(multiprocessors=gpu.multiprocessors))
 
     def _problem(self, s, p: Problem) -> ProblemRow:
-        return self._get_or_create(s, ProblemRow, dict(key=p.key()), dict(p.__dict__))
+        # (a problem's variants are in its key alone: the table has no column for them yet)
+        shape = {name: value for name, value in p.__dict__.items() if name != "variants"}
+        return self._get_or_create(s, ProblemRow, dict(key=p.key()), shape)
 
     def _variant(self, s, knobs_json: str, fingerprint: str, direction: str) -> VariantRow:
         return self._get_or_create(s, VariantRow, dict(direction=direction, knobs=knobs_json, fingerprint=fingerprint))

@@ -102,6 +102,8 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
     """Why `knobs` cannot run `problem` on `gpu`; empty when it can (the `tl` family covers what this refuses)."""
     what = "forward" if knobs.DIRECTION == "fwd" else "backward"
     why = []
+    if problem.variants & {"VARLEN", "PAGED"}:
+        why.append("packed sequences and paged caches run in the tl family only")
     if gpu.family == "interpreter":
         why.append("Gluon kernels have no interpreter: they run on a Hopper GPU only")
     elif gpu.capability != (9, 0):
