@@ -22,6 +22,7 @@ from autoflash import families
 from autoflash._version import __version__
 from autoflash.knobs import Knobs
 from autoflash.launch import compile_launch
+from autoflash.problem import VARIANTS
 from autoflash.resources import data_dir, launcher
 
 _env = jinja2.Environment(
@@ -62,17 +63,20 @@ def render_template(name: str, **context) -> str:
                                           **context)
 
 
-def render(knobs: Knobs, extra_header: tuple[str, ...] = ()) -> str:
-    """Python source of the variant's kernels (its family's launcher starts them: `Variant`)."""
+def render(knobs: Knobs, extra_header: tuple[str, ...] = (), gates: frozenset[str] = frozenset()) -> str:
+    """Python source of the variant's kernels (its family's launcher starts them: `Variant`), with the code of
+    the attention variants named in `gates` (`Problem.gates()`: each of VARIANTS is a Jinja gate, True or False)."""
     return render_template(template_name(knobs), TEMPLATE=template_name(knobs),
                            FINGERPRINT=template_fingerprint(knobs.family, knobs.DIRECTION),
-                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **knobs.template_context())
+                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **knobs.template_context(),
+                           **{gate: gate in gates for gate in VARIANTS})
 
 
-def kernel_key(knobs: Knobs) -> str:
-    text = "|".join((knobs.DIRECTION, template_fingerprint(knobs.family, knobs.DIRECTION), knobs.to_json(),
-                     __version__, triton.__version__))
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+def kernel_key(knobs: Knobs, gates: frozenset[str] = frozenset()) -> str:
+    """Names the rendered source: a plain variant's key is the same as before variants existed."""
+    parts = (knobs.DIRECTION, template_fingerprint(knobs.family, knobs.DIRECTION), knobs.to_json(), __version__,
+             triton.__version__) + ((",".join(sorted(gates)),) if gates else ())
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
 class Variant:
@@ -84,26 +88,31 @@ class Variant:
         self.knobs, self.kernels, self.launcher = knobs, kernels, launcher(knobs.family)
         self._data = knobs.as_point()
 
-    def forward_plan(self, q, k, v, out, lse, softmax_scale: float, causal: bool, compile=compile_launch):
-        """forward(q, k, v, out, lse) for every call shaped like this one (lse given or None alike)."""
-        return self.launcher.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile)
+    def forward_plan(self, q, k, v, out, lse, softmax_scale: float, causal: bool, compile=compile_launch,
+                     variant=None):
+        """forward(q, k, v, out, lse, *variant tensors) for every call shaped like this one (lse given or None
+        alike); `variant`: the kernels' variant arguments (`checks.variant_args`), None for a plain call."""
+        return self.launcher.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile,
+                                          variant=variant)
 
     def backward_plan(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse,
-                      compile=compile_launch):
-        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) for every call shaped like this one (dlse given or
-        None alike)."""
+                      compile=compile_launch, variant=None):
+        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *variant tensors) for every call shaped like this
+        one (dlse given or None alike)."""
         return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
-                                           softmax_scale, causal, dlse, compile)
+                                           softmax_scale, causal, dlse, compile, variant=variant)
 
-    def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+    def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool, variant=None) -> None:
         """Launch the forward once. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k,
         head_dim), each with unit last stride; lse: fp32 (batch, heads_q, seqlen_q), contiguous, or None."""
-        self.forward_plan(q, k, v, out, lse, softmax_scale, causal)(q, k, v, out, lse)
+        self.forward_plan(q, k, v, out, lse, softmax_scale, causal, variant=variant)(
+            q, k, v, out, lse, *(variant or {}).get("tensors", ()))
 
-    def backward(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse=None) -> None:
+    def backward(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse=None,
+                 variant=None) -> None:
         """Launch the backward once: writes dq, dk, dv (shaped like q, k, v) from the forward's out and lse."""
-        self.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse)(
-            q, k, v, out, lse, dout, dq, dk, dv, dlse)
+        self.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, variant=variant)(
+            q, k, v, out, lse, dout, dq, dk, dv, dlse, *(variant or {}).get("tensors", ()))
 
 
 def cache_dir() -> Path:
@@ -117,15 +126,16 @@ _variants: dict[str, Variant] = {}
 _lock = threading.Lock()
 
 
-def load(knobs: Knobs) -> Variant:
-    """The variant of `knobs`, its kernels rendered, written and imported on first use (once per process)."""
-    key = kernel_key(knobs)
+def load(knobs: Knobs, gates: frozenset[str] = frozenset()) -> Variant:
+    """The variant of `knobs`, its kernels rendered with `gates` (see `render`), written and imported on first use
+    (once per process)."""
+    key = kernel_key(knobs, gates)
     variant = _variants.get(key)
     if variant is not None:
         return variant
     with _lock:
         if key not in _variants:
-            _variants[key] = Variant(knobs, _import(key, _write(key, render(knobs))))
+            _variants[key] = Variant(knobs, _import(key, _write(key, render(knobs, gates=gates))))
         return _variants[key]
 
 
