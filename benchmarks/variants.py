@@ -13,15 +13,15 @@ from triton.testing import do_bench
 
 import autoflash
 from autoflash.problem import Problem
-from autoflash.tune.trial import TUNING_SOFTCAP, alibi_slopes
+from autoflash.tune.trial import variant_kwargs
 
-CASES = {  # name -> attention's variant arguments
-    "causal": dict(causal=True),
-    "causal window 4096": dict(causal=True, window_size=(4096, -1)),
-    "causal softcap": dict(causal=True, softcap=TUNING_SOFTCAP),
-    "causal alibi": dict(causal=True, alibi=True),
-    "full": dict(),
-    "full softcap": dict(softcap=TUNING_SOFTCAP),
+CASES = {  # name -> the problem's variant fields (Problem.with_variants)
+    "causal": (True, dict()),
+    "causal window 4096": (True, dict(window_size=(4096, -1))),
+    "causal softcap": (True, dict(softcap=True)),
+    "causal alibi": (True, dict(alibi=True)),
+    "full": (False, dict()),
+    "full softcap": (False, dict(softcap=True)),
 }
 
 
@@ -38,12 +38,9 @@ def main():
     k, v = (torch.randn(args.batch, heads_kv, args.seqlen, args.head_dim, device="cuda", dtype=torch.bfloat16,
                         generator=gen) for _ in range(2))
     dout = torch.randn_like(q)
-    for name, case in CASES.items():
-        kwargs = dict(case)
-        if kwargs.pop("alibi", False):
-            kwargs["alibi_slopes"] = alibi_slopes(heads_q, "cuda")
-        problem = Problem.from_tensors(q, k, kwargs.get("causal", False), kwargs.get("window_size", (-1, -1)),
-                                       bool(kwargs.get("softcap")), "alibi_slopes" in kwargs)
+    for name, (causal, fields) in CASES.items():
+        problem = Problem.from_tensors(q, k, causal).with_variants(**fields)
+        kwargs = dict(variant_kwargs(problem, q.device), causal=causal)
         fwd_ms = do_bench(lambda: autoflash.attention(q, k, v, **kwargs))
         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
         both_ms = do_bench(lambda: autoflash.attention(qg, kg, vg, **kwargs).backward(dout), grad_to_none=[qg, kg, vg])

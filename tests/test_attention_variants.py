@@ -137,7 +137,8 @@ def test_gate_tests_are_bare_names():
 def _sample_knobs(knobs_class, count=50):
     space = knobs_class.search_space()
     points = list(itertools.product(*space.values()))
-    return [knobs_class(**dict(zip(space, point))) for point in random.Random(16).sample(points, min(count, len(points)))]
+    sample = random.Random(16).sample(points, min(count, len(points)))
+    return [knobs_class(**dict(zip(space, point))) for point in sample]
 
 
 @pytest.mark.parametrize("family, direction", [(f.name, d) for f in families.FAMILIES.values() for d in f.knobs])
@@ -231,8 +232,8 @@ FWD_KNOBS = [
 @pytest.mark.parametrize("knobs", FWD_KNOBS, ids=str)
 def test_forward_matches_reference(knobs):
     """The cases on each tile layout (sampled: `sampled`), the shapes in turn."""
-    ran = [run_forward(knobs, SHAPES[(i + FWD_KNOBS.index(knobs)) % len(SHAPES)], torch.float16, case, seed=i)
-           for i, case in sampled(CASES, FWD_KNOBS, knobs)]
+    ran = [run_forward(knobs, SHAPES[(n + FWD_KNOBS.index(knobs)) % len(SHAPES)], torch.float16, case, seed=i)
+           for n, (i, case) in enumerate(sampled(CASES, FWD_KNOBS, knobs))]
     assert any(ran), f"{knobs} ran none of the cases: the test checks nothing"
 
 
@@ -250,9 +251,9 @@ BWD_KNOBS = [
 
 @pytest.mark.parametrize("knobs", BWD_KNOBS, ids=str)
 def test_backward_matches_reference(knobs):
-    for i, case in sampled(CASES, BWD_KNOBS, knobs):
+    for n, (i, case) in enumerate(sampled(CASES, BWD_KNOBS, knobs)):
         causal, window, softcap, alibi = case
-        shape = SHAPES[i % len(SHAPES)]
+        shape = SHAPES[(n + BWD_KNOBS.index(knobs)) % len(SHAPES)]
         dtype = torch.float32 if i % 2 else torch.float16
         q, k, v = make_qkv(*shape, dtype, DEVICE, seed=i)
         slopes = _slopes(alibi, q, i)
@@ -387,3 +388,31 @@ def test_a_schema_1_database_is_read_and_upgraded_losslessly(tmp_path):
     assert [b.problem for b in store.best(INTERPRETER.family, "f" * 16)] == [window]
     assert [p for p, _, _ in store.summary(INTERPRETER.family, "f" * 16)] == [window]
     store.close()
+
+
+def test_only_the_tl_family_runs_variants():
+    from autoflash.families import fa1, gluon
+    from autoflash.gpu import Gpu
+
+    hopper = Gpu("h100", "NVIDIA H100", (9, 0), 132, 232448, 65536)
+    problem = Problem(1, 8, 8, 1024, 1024, 128, True, "float16").with_variants((256, -1), softcap=True)
+    assert not families.violations(FwdKnobs(), problem, hopper)
+    for knobs in (gluon.FwdKnobs(), fa1.FwdKnobs()):
+        why = families.violations(knobs, problem, hopper)
+        assert any("no attention variants (SOFTCAP, WINDOW)" in reason for reason in why)
+    assert families.default_knobs(problem, hopper).family == "tl"
+
+
+def test_explain_names_the_variant_problem():
+    q, k, v = make_qkv(1, 2, 1, 20, 30, 16, torch.float32, DEVICE)
+    text = autoflash.explain(q, k, v, causal=True, window_size=(8, -1), alibi_slopes=torch.ones(2, device=q.device))
+    assert "-causal-float32-wl8-alibi" in text.splitlines()[0]
+
+
+def test_torch_compile_carries_the_variants():
+    """One graph, no break: the custom op takes the window, softcap and slopes (gradients as eager's)."""
+    q, k, v = make_qkv(1, 2, 1, 20, 30, 16, torch.float32, DEVICE, seed=6)
+    compiled = torch.compile(lambda q, k, v, **kwargs: autoflash.attention(q, k, v, **kwargs), backend="aot_eager",
+                             fullgraph=True)
+    assert_gradients_match(q, k, v, False, with_lse=True, window_size=(4, 2), softcap=3.0,
+                           alibi_slopes=torch.tensor([0.5, 0.25], device=q.device), attention=compiled)

@@ -10,8 +10,8 @@ import sqlite3
 from collections.abc import Collection
 from contextlib import closing
 
-from autoflash.db.base import (SCHEMA_STEPS, SCHEMA_VERSION, BestTrial, StoreError, best_per_problem, cannot_open, connect_readonly,
-                               no_tables, schema_mismatch, unusable_reasons)
+from autoflash.db.base import (SCHEMA_STEPS, SCHEMA_VERSION, BestTrial, StoreError, best_per_problem, cannot_open,
+                               connect_readonly, no_tables, schema_mismatch, unusable_reasons)
 from autoflash.db.urls import as_url, sqlite_path
 
 _BEST = """

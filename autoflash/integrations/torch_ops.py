@@ -1,6 +1,7 @@
 """autoflash's forward and backward as PyTorch custom ops, so that torch.compile traces `autoflash.attention`
 without a graph break: `torch.ops.autoflash.attention_forward(q, k, v, causal, softmax_scale, deterministic,
-window_left, window_right, softcap, alibi_slopes) -> (out, lse)` (the variants' arguments checked by attention), its autograd formula `torch.ops.autoflash.attention_backward(...) -> (dq, dk, dv)`, and fake
+window_left, window_right, softcap, alibi_slopes) -> (out, lse)` (the variants' arguments checked by attention), its
+autograd formula `torch.ops.autoflash.attention_backward(...) -> (dq, dk, dv)`, and fake
 implementations of both that give every output's shape, dtype and strides from symbolic shapes alone (so one
 graph serves every sequence length).
 

@@ -29,6 +29,12 @@ def alibi_slopes(heads: int, device) -> torch.Tensor:
     return torch.tensor([2.0 ** (-8.0 * i / heads) for i in range(1, heads + 1)], dtype=torch.float32, device=device)
 
 
+def variant_kwargs(problem: Problem, device) -> dict:
+    """autoflash.attention's variant arguments for timing `problem` (window_size, softcap, alibi_slopes)."""
+    return dict(window_size=problem.window, softcap=TUNING_SOFTCAP if problem.softcap else 0.0,
+                alibi_slopes=alibi_slopes(problem.heads_q, device) if problem.alibi else None)
+
+
 @dataclass(frozen=True)
 class Outcome:
     status: str  # one of autoflash.db.models.STATUSES
@@ -66,11 +72,10 @@ class Bench:
         self.scale = 1.0 / math.sqrt(problem.head_dim)
         p = problem
         # The variants' call-time data, the same for every variant timed.
-        softcap = TUNING_SOFTCAP if p.softcap else 0.0
-        slopes = alibi_slopes(p.heads_q, device) if p.alibi else None
+        self.reference_variants = variant_kwargs(p, device)
+        softcap, slopes = self.reference_variants["softcap"], self.reference_variants["alibi_slopes"]
         self.variant = checks.variant_args(p.causal, p.window, p.seqlen_q, p.seqlen_k, softcap, slopes)
         self.extra = () if slopes is None else (slopes,)
-        self.reference_variants = dict(window_size=p.window, softcap=softcap, alibi_slopes=slopes)
         q_bytes, kv_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim, p.batch * p.heads_kv * p.seqlen_k * p.head_dim
         bytes_per_set = p.element_size * (2 * q_bytes + 2 * kv_bytes) * (2 if direction == "bwd" else 1)
         self.sets = [self._inputs(seed) for seed in range(input_sets(bytes_per_set, device) if measure else 1)]
