@@ -357,15 +357,16 @@ def test_variants_on_the_gpu(case, dtype):
 # -- the database --
 
 
-def test_a_schema_1_database_is_read_and_upgraded_losslessly(tmp_path):
-    """tuning_db/h100.db as shipped (schema 1, before variants): read as it is, then brought up to date by a store
-    that writes, every record kept; a window problem's record then round-trips."""
+def test_a_schema_1_database_is_read_and_upgraded_losslessly(tmp_path, monkeypatch):
+    """tuning_db/h100.db as shipped (schema 1, before variants): read as it is (its plain records dispatch), then
+    brought up to date by a store that writes, every record kept; a window problem's record then round-trips."""
     import shutil
     import sqlite3
 
     from autoflash.db import records
     from autoflash.db.store import Store
-    from autoflash.gpu import INTERPRETER
+    from autoflash.dispatch import Dispatcher
+    from autoflash.gpu import INTERPRETER, Gpu
 
     path = tmp_path / "old.db"
     shutil.copyfile(data_dir("tuning_db") / "h100.db", path)
@@ -375,6 +376,11 @@ def test_a_schema_1_database_is_read_and_upgraded_losslessly(tmp_path):
                                                  "WHERE direction = 'fwd'")]
     before = records.best_trials(str(path), "h100", "fwd", fingerprints)
     assert before and all(b.problem.gates() == frozenset() for b in before)
+    tl_record = next(b for b in before if '"family": "tl"' in b.knobs)
+    monkeypatch.setattr(codegen, "current_fingerprints", lambda direction: {"tl": tl_record.fingerprint})
+    hopper = Gpu("h100", "NVIDIA H100", (9, 0), 132, 232448, 65536)
+    choice = Dispatcher([str(path)]).choice(tl_record.problem, hopper)
+    assert choice.tuned is not None and choice.tuned.problem == tl_record.problem and choice.source.endswith("old.db")
     assert sorted(map(str, Store(str(path), readonly=True).best("h100", fingerprints[0]))) == \
         sorted(str(b) for b in before if b.fingerprint == fingerprints[0])  # a read-only store reads it as it is
     store = Store(str(path))  # upgrades
