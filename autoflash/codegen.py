@@ -9,6 +9,7 @@ deterministic: the same knobs and templates give the same bytes.
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -35,22 +36,68 @@ _env = jinja2.Environment(
 
 
 @lru_cache(maxsize=None)
-def template_fingerprint(family: str, direction: str = "fwd") -> str:
-    """Hash of what one family's `direction` kernels come from: every file of templates/common/ and of
-    templates/<family>/ (its launcher included) but those named for another direction (attn_bwd.py.jinja
-    counts for the backward alone). Records and cached kernels of other template text are never used."""
-    others = [d for d in families.DIRECTIONS if d != direction]
+def template_fingerprint(family: str, direction: str = "fwd", variants: frozenset[str] = frozenset()) -> str:
+    """Hash of what one family's `direction` kernels come from, for problems using `variants` (names of
+    problem.VARIANTS): every file of templates/common/ and of templates/<family>/ (its launchers included) but
+    those named for another direction or an unused variant (attn_bwd.py.jinja counts for the backward alone,
+    launch_varlen.py for VARLEN problems alone); templates as parsed,
+    with the blocks gated on a variant not in `variants` cut out (`_ungated`). So adding a variant's code to the
+    templates leaves a plain problem's fingerprint, and its tuned records, as they were. Records and cached
+    kernels of other template text are never used."""
+    unused = frozenset(VARIANTS) - variants
+    others = [d for d in families.DIRECTIONS if d != direction] + [name.lower() for name in unused]
     root = data_dir("templates")
     digest = hashlib.sha256()
     for path in sorted([*(root / "common").iterdir(), *(root / family).iterdir()]):
         if path.is_file() and not any(f"_{d}." in path.name for d in others):
-            digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + path.read_bytes() + b"\0")
+            content = path.read_bytes()
+            if path.name.endswith(".jinja"):
+                content = _ungated(content.decode(), unused).encode()
+            digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + content + b"\0")
     return digest.hexdigest()[:16]
 
 
-def current_fingerprints(direction: str = "fwd") -> dict[str, str]:
-    """The fingerprint of every family with `direction` kernels: the records dispatch and the tuner may use."""
-    return {f.name: template_fingerprint(f.name, direction) for f in families.implementing(direction)}
+# A tag alone on its line with that line's indentation, else the tag alone; the newline after it (trim_blocks).
+_TAG = re.compile(r"(?:^[ \t]*)?\{%-?\s*(if|elif|else|endif)\b\s*(not\s+)?(\w*)([^%]*?)-?%\}\n?", re.M)
+
+
+def _ungated(text: str, unused: frozenset[str]) -> str:
+    """Template `text` as a problem without the `unused` variants sees it: each `{% if NAME %}...{% else %}...
+    {% endif %}` on one of them replaced by its else part, each `{% if not NAME %}` block by its body. A tag alone
+    on its line goes with its line, as trim_blocks and lstrip_blocks render it: text without gates is returned
+    unchanged, so its fingerprint does not move when a gated block is added."""
+    while True:
+        tags = list(_TAG.finditer(text))
+        start = next((n for n, tag in enumerate(tags) if tag[1] == "if" and tag[3] in unused), None)
+        if start is None:
+            return text
+        if tags[start][4].strip():
+            raise ValueError(f"a variant gate tests one name: {tags[start][0].strip()} (nest the blocks)")
+        depth, middle = 0, None
+        for n in range(start, len(tags)):
+            kind = tags[n][1]
+            depth += {"if": 1, "endif": -1}.get(kind, 0)
+            if depth == 1 and kind == "elif":
+                raise ValueError(f"a variant gate takes no elif: {tags[start][0].strip()} (nest the blocks)")
+            if depth == 1 and kind == "else":
+                middle = tags[n]
+            if depth == 0:
+                end = tags[n]
+                break
+        else:
+            raise ValueError(f"no endif for {tags[start][0].strip()}")
+        head = tags[start]
+        if head[2]:  # {% if not NAME %}: the body
+            kept = text[head.end():(middle or end).start()]
+        else:
+            kept = text[middle.end():end.start()] if middle else ""
+        text = text[:head.start()] + kept + text[end.end():]
+
+
+def current_fingerprints(direction: str = "fwd", variants: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The fingerprint of every family with `direction` kernels: the records dispatch and the tuner may use
+    for problems using `variants`."""
+    return {f.name: template_fingerprint(f.name, direction, variants) for f in families.implementing(direction)}
 
 
 def template_name(knobs: Knobs) -> str:
@@ -63,20 +110,20 @@ def render_template(name: str, **context) -> str:
                                           **context)
 
 
-def render(knobs: Knobs, extra_header: tuple[str, ...] = (), gates: frozenset[str] = frozenset()) -> str:
-    """Python source of the variant's kernels (its family's launcher starts them: `Variant`), with the code of
-    the attention variants named in `gates` (`Problem.gates()`: each of VARIANTS is a Jinja gate, True or False)."""
-    return render_template(template_name(knobs), TEMPLATE=template_name(knobs),
-                           FINGERPRINT=template_fingerprint(knobs.family, knobs.DIRECTION),
-                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **knobs.template_context(),
-                           **{gate: gate in gates for gate in VARIANTS})
+def render(knobs: Knobs, extra_header: tuple[str, ...] = (), variants: frozenset[str] = frozenset()) -> str:
+    """Python source of the variant's kernels for problems using `variants` (its family's launcher starts them:
+    `Variant`). Each name of problem.VARIANTS is a template gate, true where used."""
+    fingerprint = template_fingerprint(knobs.family, knobs.DIRECTION, variants)
+    gates = {name: name in variants for name in VARIANTS}
+    return render_template(template_name(knobs), TEMPLATE=template_name(knobs), FINGERPRINT=fingerprint,
+                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **gates,
+                           **knobs.template_context())
 
 
-def kernel_key(knobs: Knobs, gates: frozenset[str] = frozenset()) -> str:
-    """Names the rendered source: a plain variant's key is the same as before variants existed."""
-    parts = (knobs.DIRECTION, template_fingerprint(knobs.family, knobs.DIRECTION), knobs.to_json(), __version__,
-             triton.__version__) + ((",".join(sorted(gates)),) if gates else ())
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+def kernel_key(knobs: Knobs, variants: frozenset[str] = frozenset()) -> str:
+    text = "|".join((knobs.DIRECTION, template_fingerprint(knobs.family, knobs.DIRECTION, variants), knobs.to_json(),
+                     __version__, triton.__version__))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 class Variant:
@@ -102,6 +149,21 @@ class Variant:
         return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
                                            softmax_scale, causal, dlse, compile, variant=variant)
 
+    def varlen_forward_plan(self, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale: float,
+                            causal: bool, pages=None, compile=compile_launch):
+        """forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table) over packed sequences (a
+        VARLEN variant; PAGED with `pages`), for every call shaped like this one: the launcher's
+        `varlen_forward_plan` says the layouts."""
+        return launcher(self.knobs.family, "varlen").varlen_forward_plan(self.kernels, self._data, q, k, v, out, lse, cu_seqlens_q, starts_k,
+                                                 seqlens_k, softmax_scale, causal, compile, pages)
+
+    def varlen_backward_plan(self, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                             softmax_scale: float, causal: bool, dlse, compile=compile_launch):
+        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k) over packed sequences (a
+        VARLEN variant), for every call shaped like this one: the launcher's `varlen_backward_plan`."""
+        return launcher(self.knobs.family, "varlen").varlen_backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
+                                                  cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, dlse, compile)
+
     def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool, variant=None) -> None:
         """Launch the forward once. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k,
         head_dim), each with unit last stride; lse: fp32 (batch, heads_q, seqlen_q), contiguous, or None."""
@@ -126,16 +188,16 @@ _variants: dict[str, Variant] = {}
 _lock = threading.Lock()
 
 
-def load(knobs: Knobs, gates: frozenset[str] = frozenset()) -> Variant:
-    """The variant of `knobs`, its kernels rendered with `gates` (see `render`), written and imported on first use
-    (once per process)."""
-    key = kernel_key(knobs, gates)
+def load(knobs: Knobs, variants: frozenset[str] = frozenset()) -> Variant:
+    """The variant of `knobs` for problems using `variants`, its kernels rendered, written and imported on first
+    use (once per process)."""
+    key = kernel_key(knobs, variants)
     variant = _variants.get(key)
     if variant is not None:
         return variant
     with _lock:
         if key not in _variants:
-            _variants[key] = Variant(knobs, _import(key, _write(key, render(knobs, gates=gates))))
+            _variants[key] = Variant(knobs, _import(key, _write(key, render(knobs, variants=variants))))
         return _variants[key]
 
 

@@ -30,7 +30,7 @@ def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str
             header = (f"gpu family: {gpu_family}",
                       f"chosen for: {problem.key()} {kind} ({choice.reason}; source {choice.source})",
                       f"measured: {'not measured on this exact problem' if tflops is None else f'{tflops} TFLOP/s'}")
-            (out / f"{module}.py").write_text(codegen.render(choice.knobs, extra_header=header, gates=problem.gates()))
+            (out / f"{module}.py").write_text(codegen.render(choice.knobs, extra_header=header, variants=problem.gates()))
             variants[kind] = (module, choice.knobs.family, choice.knobs.as_point(), tflops)
             used.add((choice.knobs.family, choice.knobs.DIRECTION))
         key = (problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k, problem.head_dim,

@@ -18,9 +18,10 @@ def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
+def compile_launch(kernel, grid, args, options: dict, tensor_count: int, per_call: tuple[str, ...] = ()):
     """`kernel[grid](*args, **options)` compiled now for the device of `args[0]` (a tensor or a tensor
-    descriptor), as a function of new values of its first `tensor_count` args (the rest stay as given here).
+    descriptor), as a function of new values of its first `tensor_count` args, then of the `per_call` args
+    (named in `options`: parameters after the constexprs); the rest stay as given here.
 
     Valid while everything Triton specialises on stays the same: the other args, and the new tensors'
     dtypes and 16-byte alignment (callers key their plans on these)."""
@@ -29,7 +30,7 @@ def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
 
         def interpret(*tensors):
             triton.set_allocator(_scratch)
-            kernel[grid](*tensors, *given, **options)
+            kernel[grid](*tensors[:tensor_count], *given, **options | dict(zip(per_call, tensors[tensor_count:])))
         return interpret
     first = getattr(args[0], "base", args[0])  # a tensor, or a host-side TensorDescriptor of one
     index, driver = first.device.index, triton.runtime.driver.active
@@ -39,6 +40,7 @@ def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
         named = dict(zip(kernel.arg_names, args)) | options
         run = compiled[tuple(grid) + (1,) * (3 - len(grid))]
     rest = [named[name] for name in kernel.arg_names[tensor_count:]]
+    slots = [kernel.arg_names.index(name) - tensor_count for name in per_call]
     needs_allocator = compiled.metadata.global_scratch_size > 0
 
     def launch(*tensors):
@@ -47,5 +49,10 @@ def compile_launch(kernel, grid, args, options: dict, tensor_count: int):
                 return launch(*tensors)
         if needs_allocator:  # Triton's allocator is per thread (a ContextVar): set it where we launch
             triton.set_allocator(_scratch)
-        run(*tensors, *rest, stream=driver.get_current_stream(index))
+        given = rest
+        if slots:
+            given = list(rest)
+            for slot, value in zip(slots, tensors[tensor_count:]):
+                given[slot] = value
+        run(*tensors[:tensor_count], *given, stream=driver.get_current_stream(index))
     return launch

@@ -13,7 +13,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 # rendered only for problems that use it (`{% if WINDOW %}...{% endif %}`), and a template fingerprint counts
 # only the gates its problems use (codegen.template_fingerprint), so a plain problem's kernels, fingerprint and
 # tuned records do not change when a variant is added.
-VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI")
+VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGED")
 # The fields of a plain problem (the shapes, the causal flag, the dtype); the variant fields follow them.
 PLAIN_FIELDS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal", "dtype")
 
@@ -30,6 +30,9 @@ class Problem:
     head_dim: int
     causal: bool
     dtype: str  # a key of DTYPES
+    # Names of VARIANTS it uses. VARLEN: packed sequences (autoflash.attention_varlen, and the KV-cache entry point):
+    # batch counts the sequences, seqlen_q and seqlen_k are the longest ones. PAGED: keys on pages of a cache.
+    variants: frozenset[str] = frozenset()
     # Variants (flash-attn's meanings). window: (left, right) keys either side of the bottom-right diagonal, -1
     # unbounded, in the canonical form `with_variants` gives (the causal flag carries a right bound of 0). The
     # window changes the work, so its sizes are part of the problem; the softcap value and the ALiBi slopes are
@@ -53,9 +56,10 @@ class Problem:
         return replace(self, causal=causal, window=window, softcap=softcap, alibi=alibi)
 
     def gates(self) -> frozenset[str]:
-        """The variants this problem uses, as names of VARIANTS: the Jinja gates its kernels are rendered with."""
+        """The variants this problem uses, as names of VARIANTS: the Jinja gates its kernels are rendered with
+        (`variants`, and WINDOW, SOFTCAP, ALIBI where the fields say)."""
         used = (self.window != (-1, -1), self.softcap, self.alibi)
-        return frozenset(name for name, on in zip(VARIANTS, used) if on)
+        return self.variants | frozenset(name for name, on in zip(VARIANTS, used) if on)
 
     def bounds(self) -> tuple[int | None, int | None]:
         """(lowest, highest) offset j - (i + seqlen_k - seqlen_q) of a key j that query i sees; None: unbounded."""
@@ -89,9 +93,11 @@ class Problem:
 
     def key(self) -> str:
         """A stable name, e.g. 'b4-hq32-hkv8-sq2048-sk2048-d128-causal-bfloat16'; variants add their parts
-        ('-wl4096' for a window of 4096 keys to the left, '-wr16', '-softcap', '-alibi'), plain problems none."""
+        ('-varlen', '-paged', '-wl4096' for a window of 4096 keys to the left, '-wr16', '-softcap', '-alibi'), plain
+        problems none."""
         return (f"b{self.batch}-hq{self.heads_q}-hkv{self.heads_kv}-sq{self.seqlen_q}-sk{self.seqlen_k}"
                 f"-d{self.head_dim}-{'causal' if self.causal else 'full'}-{self.dtype}"
+                + "".join(f"-{name.lower()}" for name in sorted(self.variants))
                 + "".join(f"-{part}" for part in self._variant_parts()))
 
     def _variant_parts(self) -> list[str]:
@@ -99,19 +105,21 @@ class Problem:
         return [part for part, used in ((f"wl{left}", left != -1), (f"wr{right}", right != -1),
                                         ("softcap", self.softcap), ("alibi", self.alibi)) if used]
 
-    def variants(self) -> dict:
+    def stored_variants(self) -> dict:
         """The variant fields that differ from a plain problem's, as stored in a database ({} for plain)."""
-        return {name: value for name, value, plain in (("window", list(self.window), [-1, -1]),
+        return {name: value for name, value, plain in (("variants", sorted(self.variants), []),
+                                                       ("window", list(self.window), [-1, -1]),
                                                        ("softcap", self.softcap, False),
                                                        ("alibi", self.alibi, False)) if value != plain}
 
     def with_stored_variants(self, stored) -> "Problem":
-        """This problem with the variant fields `variants()` gave (read back from a database: validate it)."""
-        if not isinstance(stored, dict) or set(stored) - {"window", "softcap", "alibi"}:
-            raise ValueError(f"field 'variants' must map window, softcap, alibi, got {str(stored)[:80]!r}: this "
-                             "record may come from another autoflash version")
-        window = stored.get("window", (-1, -1))
-        return replace(self, window=tuple(window) if isinstance(window, list) else window,
+        """This problem with the variant fields `stored_variants()` gave (read back from a database: validate it)."""
+        if not isinstance(stored, dict) or set(stored) - {"variants", "window", "softcap", "alibi"}:
+            raise ValueError(f"field 'variants' must map variants, window, softcap, alibi, got {str(stored)[:80]!r}: "
+                             "this record may come from another autoflash version")
+        window, names = stored.get("window", (-1, -1)), stored.get("variants", [])
+        return replace(self, variants=frozenset(names) if isinstance(names, list) else names,
+                       window=tuple(window) if isinstance(window, list) else window,
                        softcap=stored.get("softcap", False), alibi=stored.get("alibi", False))
 
     def label(self) -> str:
@@ -123,10 +131,12 @@ class Problem:
                 + "".join(f" {part}" for part in self._variant_parts()))
 
     def distance(self, other: "Problem") -> float | None:
-        """Log-scale distance to a problem of the same kind (dtype, head dim, causal flag, GQA ratio, variants):
-        lengths and batch x heads compared in log2; None for a problem of another kind."""
-        kind = (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv, self.variants())
-        if kind != (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv, other.variants()):
+        """Log-scale distance to a problem of the same kind (dtype, head dim, causal flag, GQA ratio, window,
+        softcap, alibi): lengths and batch x heads compared in log2; None for a problem of another kind."""
+        kind = (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv, self.window, self.softcap,
+                self.alibi)  # (packed sequences' and pages' problems take dense records: `variants` aside)
+        if kind != (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv, other.window,
+                    other.softcap, other.alibi):
             return None
         return sum(abs(math.log2(x) - math.log2(y)) for x, y in (
             (self.seqlen_q, other.seqlen_q), (self.seqlen_k, other.seqlen_k),

@@ -107,3 +107,25 @@ def _probabilities(q, k, v, causal, softmax_scale, dtype, window_size=(-1, -1), 
     # A row that sees no key has lse -inf; clamping keeps exp(-inf - lse) at 0 instead of nan.
     probs = torch.exp(scores - lse[..., None].clamp(min=torch.finfo(dtype).min))
     return probs, lse, v, capped
+
+
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, dout=None,
+                     dtype=torch.float64):
+    """`attention_reference` of each packed sequence (flash-attn's varlen layout: q (total_q, heads_q, head_dim),
+    k, v (total_k, heads_kv, head_dim), sequence s the rows cu_seqlens[s]..cu_seqlens[s + 1]): (out, lse) with
+    out like q and lse (heads_q, total_q) in `dtype`; with dout, also (dq, dk, dv) by
+    `attention_backward_reference`."""
+    results = []
+    bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])
+    for q0, q1, k0, k1 in bounds:
+        sequence = [t[a:b].transpose(0, 1).unsqueeze(0) for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1))]
+        out, lse = attention_reference(*sequence, causal, softmax_scale, dtype)
+        grads = () if dout is None else attention_backward_reference(
+            *sequence, dout[q0:q1].transpose(0, 1).unsqueeze(0), causal, softmax_scale, dtype=dtype)
+        results.append((out, lse, *grads))
+
+    def packed(index, axis=1):  # (1, heads, rows, d) pieces -> (rows, heads, d); lse (1, heads, rows) -> (heads, rows)
+        pieces = [r[index][0] for r in results]
+        return torch.cat(pieces, axis).transpose(0, 1) if axis == 1 else torch.cat(pieces, axis)
+    out, lse = packed(0), packed(1, axis=-1)
+    return (out, lse) if dout is None else (out, lse, packed(2), packed(3), packed(4))

@@ -24,17 +24,21 @@ def data_dir(name: str) -> Path:
     )
 
 
-def launcher_path(family: str) -> Path:
-    """templates/<family>/launch.py: the family's launchers, plain Python that needs only torch and triton."""
-    return data_dir("templates") / family / "launch.py"
+def launcher_path(family: str, part: str = "") -> Path:
+    """templates/<family>/launch.py, the family's launchers, or launch_<part>.py, those of one variant (`part`: its
+    name in lower case): plain Python that needs only torch and triton."""
+    return data_dir("templates") / family / (f"launch_{part}.py" if part else "launch.py")
 
 
 @lru_cache(maxsize=None)
-def launcher(family: str):
-    """The imported launcher module of `family` (once per process)."""
-    name = f"autoflash_launch_{family}"
-    spec = importlib.util.spec_from_file_location(name, launcher_path(family))
+def launcher(family: str, part: str = ""):
+    """The imported launcher module of `family` (once per process); with `part`, that variant's, whose global
+    `base` is then set to the family's launch.py module (it builds on its helpers)."""
+    name = f"autoflash_launch_{family}" + (f"_{part}" if part else "")
+    spec = importlib.util.spec_from_file_location(name, launcher_path(family, part))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    if part:
+        module.base = launcher(family)
     return module

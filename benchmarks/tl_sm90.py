@@ -64,7 +64,7 @@ def rendered(knobs, gates=frozenset()):
     """The imported module of a variant's kernels, rendered with `gates` (Triton reads a kernel's source file)."""
     from autoflash import codegen
 
-    source = codegen.render(knobs, gates=gates)
+    source = codegen.render(knobs, variants=gates)
     path = Path(tempfile.gettempdir()) / f"tl_{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)

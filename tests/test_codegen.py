@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from autoflash import codegen
 from autoflash.families import FAMILIES, fa1
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
@@ -73,6 +75,67 @@ def test_fingerprint_names_the_template_text(tmp_path, monkeypatch):
         edit("common/_bounds.py.jinja", [("tl", "fwd"), ("tl", "bwd"), ("fa1", "fwd")])  # shared by all
     finally:
         codegen.template_fingerprint.cache_clear()
+
+
+def test_variant_gates_leave_other_problems_fingerprints(tmp_path, monkeypatch):
+    """Code added under `{% if WINDOW %}` changes the fingerprint of window problems alone; code outside every
+    gate changes all of them (design: a plain problem's records survive a variant being added)."""
+    shutil.copytree(codegen.data_dir("templates"), tmp_path, dirs_exist_ok=True)
+    monkeypatch.setattr(codegen, "data_dir", lambda name: tmp_path)
+    template = tmp_path / "tl/attn_fwd.py.jinja"
+    plain, window, softcap = frozenset(), frozenset({"WINDOW"}), frozenset({"SOFTCAP"})
+
+    def fingerprints():
+        codegen.template_fingerprint.cache_clear()
+        return {v: codegen.template_fingerprint("tl", "fwd", v) for v in (plain, window, softcap)}
+
+    def insert(text):  # after the template's first line, which is plain text
+        first, rest = template.read_text().split("\n", 1)
+        template.write_text(first + "\n" + text + rest)
+
+    try:
+        before = fingerprints()
+        insert("{% if WINDOW %}\n    lo = hi - WINDOW_LEFT\n{% endif %}\n")
+        after = fingerprints()
+        assert after[plain] == before[plain] and after[softcap] == before[softcap] and after[window] != before[window]
+        insert("    {% if not SOFTCAP %}\nplain_only = 1\n    {% else %}\ncapped = 1\n    {% endif %}\n")
+        again = fingerprints()
+        assert again[window] != after[window] and again[plain] != after[plain] and again[softcap] != after[softcap]
+        insert("# outside every gate\n")
+        latest = fingerprints()
+        assert all(latest[v] != again[v] for v in again)
+        varlen = frozenset({"VARLEN"})
+        before_varlen = codegen.template_fingerprint("tl", "fwd", varlen)
+        varlen_launcher = tmp_path / "tl/launch_varlen.py"  # a file named for a variant counts for it alone
+        varlen_launcher.write_text(varlen_launcher.read_text() + "\n# edit\n")
+        assert fingerprints() == latest
+        assert codegen.template_fingerprint("tl", "fwd", varlen) != before_varlen
+    finally:
+        codegen.template_fingerprint.cache_clear()
+
+
+@pytest.mark.parametrize("text, unused, expect", [
+    ("a\n{% if WINDOW %}\nb\n{% endif %}\nc\n", {"WINDOW"}, "a\nc\n"),
+    ("a\n{% if WINDOW %}\nb\n{% endif %}\nc\n", set(), "a\n{% if WINDOW %}\nb\n{% endif %}\nc\n"),
+    ("a\n  {% if WINDOW %}\nb\n  {% else %}\nd\n  {% endif %}\nc\n", {"WINDOW"}, "a\nd\nc\n"),
+    ("a\n{% if not ALIBI %}\nb\n{% else %}\nd\n{% endif %}\nc\n", {"ALIBI"}, "a\nb\nc\n"),
+    ("x = s{% if SOFTCAP %} * cap{% endif %} + 1\n", {"SOFTCAP"}, "x = s + 1\n"),
+    ("{% if WINDOW %}\n{% if ALIBI %}\nb\n{% endif %}\nw\n{% endif %}\n", {"ALIBI"}, "{% if WINDOW %}\nw\n{% endif %}\n"),
+    ("{% if IS_CAUSAL %}\n{% if WINDOW %}\nb\n{% endif %}\nc\n{% endif %}\n", {"WINDOW"},
+     "{% if IS_CAUSAL %}\nc\n{% endif %}\n"),
+])
+def test_ungated_cuts_unused_variants(text, unused, expect):
+    assert codegen._ungated(text, frozenset(unused)) == expect
+
+
+@pytest.mark.parametrize("text, error", [
+    ("{% if WINDOW and IS_CAUSAL %}\nb\n{% endif %}\n", "tests one name"),
+    ("{% if WINDOW %}\nb\n{% elif IS_CAUSAL %}\nc\n{% endif %}\n", "no elif"),
+    ("{% if WINDOW %}\nb\n", "no endif"),
+])
+def test_ungated_refuses_gates_it_cannot_cut(text, error):
+    with pytest.raises(ValueError, match=error):
+        codegen._ungated(text, frozenset({"WINDOW"}))
 
 
 def test_load_writes_once_and_imports_from_the_cache(tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ class ProblemRow(Base):
     head_dim: Mapped[int] = mapped_column(Integer)
     causal: Mapped[bool] = mapped_column(Boolean)
     dtype: Mapped[str] = mapped_column(String(16))
-    # Problem.variants() as JSON, "{}" for a plain problem (schema 2). Deferred: a schema-1 database, read-only,
+    # Problem.stored_variants() as JSON, "{}" for a plain problem (schema 2). Deferred: a schema-1 database, read-only,
     # has no such column and is read without it (Store._problem_of).
     variants: Mapped[str] = mapped_column(Text, default="{}", server_default="{}", deferred=True)
 

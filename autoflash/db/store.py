@@ -202,7 +202,7 @@ class Store:
     def _problem(self, s, p: Problem) -> ProblemRow:
         return self._get_or_create(s, ProblemRow, dict(key=p.key()),
                                    dict({name: getattr(p, name) for name in PLAIN_FIELDS},
-                                        variants=json.dumps(p.variants(), sort_keys=True)))
+                                        variants=json.dumps(p.stored_variants(), sort_keys=True)))
 
     def _variant(self, s, knobs_json: str, fingerprint: str, direction: str) -> VariantRow:
         return self._get_or_create(s, VariantRow, dict(direction=direction, knobs=knobs_json, fingerprint=fingerprint))

@@ -58,6 +58,8 @@ def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
                     block_n=min(knobs.block_n, max(16, next_power_of_2(problem.seqlen_k))))
     if isinstance(knobs, FwdKnobs) and knobs.loads != "pointer" and tma_violations(problem, gpu):
         knobs = replace(knobs, loads="pointer")
+    if isinstance(knobs, FwdKnobs) and "VARLEN" in problem.variants:  # a table of tiles, read by pointers
+        knobs = replace(knobs, loads="pointer", schedule="in_order")
     if isinstance(knobs, FwdKnobs) and grid_y(knobs, problem) > MAX_GRID_Y:  # batch x heads beyond the y axis
         knobs = replace(knobs, schedule="longest_first" if knobs.schedule == "in_order" else "in_order")
     while violations(knobs, problem, gpu):

@@ -60,7 +60,10 @@ def grid_heads(knobs: FwdKnobs, problem: Problem) -> int:
 
 
 def grid_y(knobs: Knobs, problem: Problem) -> int:
-    """Programs along the y axis of the launch grid: batch x heads, or the query blocks of longest_first."""
+    """Programs along the y axis of the launch grid: batch x heads, or the query blocks of longest_first (packed
+    sequences: none, their tiles and heads share the x axis)."""
+    if "VARLEN" in problem.variants:
+        return 1
     if isinstance(knobs, BwdKnobs):
         return problem.batch * problem.heads_q
     if knobs.schedule == "longest_first":
@@ -86,6 +89,8 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot (or should not) run `problem` on `gpu`; empty when it can."""
     why = []
     if isinstance(knobs, FwdKnobs):
+        if "VARLEN" in problem.variants and (knobs.loads, knobs.schedule) != ("pointer", "in_order"):
+            why.append("packed sequences: pointer loads in order (the launcher's tile table orders the tiles)")
         if knobs.loads != "pointer":
             why += tma_violations(problem, gpu)
             if knobs.pack_gqa:

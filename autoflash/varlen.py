@@ -1,0 +1,233 @@
+"""Packed variable-length batches: `attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)`, in the layout
+and with the meanings of flash-attn's `flash_attn_varlen_func`.
+
+A batch of sequences of different lengths is packed without padding: q (total_q, heads_q, head_dim) holds every
+sequence's query rows one after the other, sequence s the rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]); k and v
+alike with cu_seqlens_k. The kernels are the `tl` family's, rendered with the VARLEN gate: each program runs one
+(sequence, query tile) of a table the launcher builds per call on the device (templates/tl/launch_varlen.py,
+`varlen_tiles`), the tiles that see the most keys first, so short sequences take no padded tiles.
+
+Dispatch: a call is the Problem (batch = sequences, seqlen_q/seqlen_k = max_seqlen_q/max_seqlen_k, variants
+{"VARLEN"}). Varlen is not tuned: dispatch takes the nearest tuned dense problem's winner (Problem.distance
+ignores the variants), fitted to the varlen kernel (pointer loads, the table's order), else the default.
+"""
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from autoflash import checks, codegen, gpu as gpus
+from autoflash.api import DISPATCHER
+from autoflash.problem import Problem
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                     softmax_scale=None, return_lse=False, out=None):
+    """Attention over packed sequences of different lengths, softmax(q kᵀ · softmax_scale) v per sequence.
+
+    Differentiable in q, k and v (the backward recomputes P from the log-sum-exp, as `autoflash.attention`).
+
+    Args:
+        q: (total_q, heads_q, head_dim), the query rows of every sequence one after the other.
+        k, v: (total_k, heads_kv, head_dim); heads_q a multiple of heads_kv (GQA/MQA). Last stride 1.
+            dtype float16, bfloat16 or float32 (all three the same); head_dim 16..256.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device: sequence s holds the rows
+            [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q and [cu_seqlens_k[s], cu_seqlens_k[s + 1]) of k and v.
+            Non-decreasing from 0 to total_q (total_k); empty sequences are allowed.
+        max_seqlen_q, max_seqlen_k: the longest sequence's lengths (at least those: they choose the kernel).
+        causal: per sequence, aligned bottom-right as in flash-attn: query i of a sequence sees key j when
+            j <= i + seqlen_k - seqlen_q (its own lengths). Rows that see no key give 0 and lse -inf.
+        softmax_scale: scale of the scores, positive; default 1 / sqrt(head_dim).
+        return_lse: also return the log-sum-exp, float32 (heads_q, total_q) as flash-attn's varlen returns it.
+        out: optional (total_q, heads_q, head_dim) tensor of q's dtype and device, last stride 1, written and
+            returned (not differentiable: q, k, v must not require grad).
+
+    Returns:
+        out (total_q, heads_q, head_dim); with return_lse, (out, lse).
+
+    The values of cu_seqlens are checked on the host (one synchronisation) except while a CUDA graph is
+    being captured; the kernels' tile table is built on the device.
+    """
+    checked = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, return_lse, out)
+    scale = checks.scale_of(softmax_scale, q.shape[-1])
+    q, k, v = checked
+    starts_k, seqlens_k = cu_seqlens_k[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    if out is not None or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        out = torch.empty_like(q) if out is None else out
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) if return_lse else None
+        packed_forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                       scale)
+        return (out, lse) if return_lse else out
+    out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                      _Call(max_seqlen_q, max_seqlen_k, causal, scale))
+    return (out, lse) if return_lse else out
+
+
+class _Call(NamedTuple):
+    max_seqlen_q: int
+    max_seqlen_k: int
+    causal: bool
+    scale: float
+
+
+def packed(t):
+    """A packed (tokens, heads, head_dim) tensor as the kernels' (1, heads, tokens, head_dim) view."""
+    return t.permute(1, 0, 2).unsqueeze(0)
+
+
+def problem_of(q, k, batch, max_seqlen_q, max_seqlen_k, causal, variants=frozenset({"VARLEN"})) -> Problem:
+    """The dispatch key of a packed call: sequences, longest lengths (at least 1), heads, head dim."""
+    return Problem(max(batch, 1), q.shape[1], k.shape[-2], max(max_seqlen_q, 1), max(max_seqlen_k, 1), q.shape[-1],
+                   causal, str(q.dtype).removeprefix("torch."), variants)
+
+
+# One launch per call signature (every tensor's layout and 16-byte alignment, which the compiled kernels are
+# specialised on; the lengths' bounds; the flags), made at its first call.
+_plans: dict = {}
+_MAX_PLANS = 1024
+
+
+def _layout(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+
+
+def _cached(key, make) -> Callable:
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        plan = _plans[key] = make()
+    return plan
+
+
+def packed_forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                   pages=None):
+    """Write out (and lse, (heads_q, total_q), unless None) of packed q (total_q, heads_q, head_dim): sequence s
+    has the query rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) and seqlens_k[s] keys from row starts_k[s] of k, v
+    ((rows, heads_kv, head_dim)); or with pages = (block_table, page_size, page stride of k, of v), keys on the pages
+    that block_table[s] lists, k and v then the (page_size, heads_kv, head_dim) views of the caches' page 0 (the
+    kernel steps from there by the page strides)."""
+    if q.shape[0] == 0 or cu_seqlens_q.numel() < 2:
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return
+    key = ("fwd", _layout(q), _layout(k), _layout(v), _layout(out), _layout(lse), _layout(cu_seqlens_q),
+           _layout(starts_k), _layout(seqlens_k), max_seqlen_q, max_seqlen_k, causal, scale, None if pages is None else (_layout(pages[0]), *pages[1:]))
+
+    def make():
+        variants = frozenset({"VARLEN", "PAGED"} if pages is not None else {"VARLEN"})
+        problem = problem_of(q, k, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, causal, variants)
+        views = tuple(packed(t) for t in (q, k, v, out))
+        knobs = DISPATCHER.for_call(problem, gpus.current(q.device), "fwd", views).knobs
+        return codegen.load(knobs, variants).varlen_forward_plan(
+            *views, None if lse is None else lse.unsqueeze(0), cu_seqlens_q, starts_k, seqlens_k, scale, causal,
+            pages)
+    _cached(key, make)(packed(q), packed(k), packed(v), packed(out), None if lse is None else lse.unsqueeze(0),
+                       cu_seqlens_q, starts_k, seqlens_k, None if pages is None else pages[0])
+
+
+def packed_backward(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, call: _Call):
+    """(dq, dk, dv) of `attention_varlen`'s packed forward that returned out and lse."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    key = ("bwd", _layout(q), _layout(k), _layout(v), _layout(out), _layout(dout), _layout(dlse),
+           _layout(cu_seqlens_q), _layout(cu_seqlens_k), call)
+
+    def make():
+        problem = problem_of(q, k, cu_seqlens_q.numel() - 1, call.max_seqlen_q, call.max_seqlen_k, call.causal)
+        views = tuple(packed(t) for t in (q, k, v, out))
+        knobs = DISPATCHER.for_call(problem, gpus.current(q.device), "bwd", views).knobs
+        return codegen.load(knobs, problem.variants).varlen_backward_plan(
+            *views, lse.unsqueeze(0), packed(dout), packed(dq), packed(dk), packed(dv), cu_seqlens_q, cu_seqlens_k,
+            call.scale, call.causal, None if dlse is None else dlse.unsqueeze(0))
+    _cached(key, make)(packed(q), packed(k), packed(v), packed(out), lse.unsqueeze(0), packed(dout), packed(dq),
+                       packed(dk), packed(dv), None if dlse is None else dlse.unsqueeze(0), cu_seqlens_q, cu_seqlens_k)
+    return dq, dk, dv
+
+
+class _VarlenAttention(torch.autograd.Function):
+    """attention_varlen's forward and backward; saves q, k, v, out, lse and the cu_seqlens."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, call):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+        packed_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1],
+                       call.max_seqlen_q, call.max_seqlen_k, call.causal, call.scale)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dout = torch.zeros_like(out) if dout is None else dout
+        dlse = None if dlse is None else dlse.contiguous()
+        return *packed_backward(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, ctx.call), None, None, None
+
+
+def check_lengths(name, cu_seqlens, total, max_seqlen, device) -> None:
+    """cu_seqlens well formed for `total` packed rows: int32, 1-D, on `device`; its values (checked on the host
+    unless a CUDA graph is being captured) non-decreasing from 0 to total, no step above max_seqlen."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 \
+            or cu_seqlens.numel() < 1:
+        got = f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}" if isinstance(cu_seqlens, torch.Tensor) \
+            else type(cu_seqlens).__name__
+        raise TypeError(f"{name} must be an int32 tensor of shape (batch + 1,), got {got}: "
+                        f"pass torch.tensor(offsets, dtype=torch.int32, device=q.device)")
+    if cu_seqlens.device != device:
+        raise ValueError(f"{name} is on {cu_seqlens.device}, q on {device}: move it with .to(q.device)")
+    if cu_seqlens.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {cu_seqlens.stride(0)}: pass {name}.contiguous()")
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
+    steps = cu_seqlens[1:] - cu_seqlens[:-1]
+    first, last, decreasing, longest = torch.stack((
+        cu_seqlens[0], cu_seqlens[-1], (steps < 0).sum(), steps.max() if steps.numel() else cu_seqlens[0])).tolist()
+    if first != 0 or last != total or decreasing:
+        raise ValueError(f"{name} must rise (or stay) from 0 to {total}, the packed rows; got {first} .. {last}"
+                         f"{' with decreasing steps' if decreasing else ''}: offsets are cumulative lengths")
+    if longest > max_seqlen:
+        raise ValueError(f"a sequence of {name} holds {longest} rows, more than max_seqlen {max_seqlen}: pass the "
+                         "longest length")
+
+
+def checked_packed(q, k, v):
+    """q, k, v checked as `autoflash.attention` checks its inputs (autoflash/checks.py), as 3-D packed
+    (tokens, heads, head_dim) tensors that may hold no rows; returned with unit last stride."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim), got shape {tuple(t.shape)}: "
+                             "pack the sequences one after the other")
+    # The checks see one row of each (they refuse empty keys, which packed sequences allow).
+    checks.checked(*(t[:1].unsqueeze(0) if not isinstance(t, torch.Tensor) or t.shape[0]
+                     else t.new_zeros((1, 1, *t.shape[1:])) for t in (q, k, v)))
+    if q.device.type == "cpu" and not gpus.interpreting():
+        raise ValueError("q, k, v are on the CPU: move them to a CUDA GPU, or set TRITON_INTERPRET=1 before "
+                         "importing autoflash to run the kernels in Triton's (slow) interpreter")
+    if q.dtype == torch.bfloat16 and gpus.interpreting():
+        raise TypeError("Triton's interpreter computes bfloat16 products wrongly (Triton 3.9): pass float16 or "
+                        "float32 tensors on the CPU, or run on a GPU")
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+
+
+def _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, return_lse, out):
+    q, k, v = checked_packed(q, k, v)
+    checks.check_flags(causal=causal, return_lse=return_lse)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TypeError(f"{name} must be a non-negative int, got {value!r}")
+    check_lengths("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
+    check_lengths("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have one entry per sequence plus one, got "
+                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    if out is not None:
+        checks.checked_out(out, q)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise RuntimeError("attention_varlen(..., out=...) is not differentiable, and q, k or v requires grad: "
+                               "leave out=None, or call under torch.no_grad()")
+    return q, k, v

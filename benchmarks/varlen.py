@@ -1,0 +1,89 @@
+"""Packed variable-length attention against its dense baselines (issue 17's acceptance shape by default):
+
+    python benchmarks/varlen.py [--sequences 16] [--lengths 128,8192] [--heads 32/8] [--out results.jsonl]
+
+16 sequences of lengths log-uniform in [128, 8192], d128, GQA 4:1, causal, bf16. Timed, forward and forward +
+backward: autoflash.attention_varlen on the packed batch; plain SDPA (its default backends) on the batch padded to
+the longest sequence (masked per sequence: only the useful rows count); autoflash.attention on a dense batch of
+equal-length sequences holding the same total tokens. TFLOP/s count the useful FLOPs of each (causal: the
+visible half), so the three are comparable."""
+
+import argparse
+import datetime
+import json
+import sys
+
+import torch
+import triton
+
+import autoflash
+from autoflash.problem import Problem
+from kvcache_decode import lengths_of
+
+
+def useful_flops(lengths, heads, head_dim, causal):
+    return sum(Problem(1, heads, heads, n, n, head_dim, causal, "bfloat16").fwd_flops() for n in lengths)
+
+
+def timed(fn, backward):
+    if not backward:
+        return triton.testing.do_bench(fn, warmup=10, rep=100)
+
+    def both():
+        out = fn()
+        out.backward(torch.ones_like(out))
+    return triton.testing.do_bench(both, warmup=10, rep=100, grad_to_none=None)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sequences", type=int, default=16)
+    parser.add_argument("--lengths", default="128,8192")
+    parser.add_argument("--heads", default="32/8")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--full", action="store_true", help="no causal mask")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    heads_q, heads_kv = map(int, args.heads.split("/"))
+    low, high = (list(map(int, args.lengths.split(","))) * 2)[:2]
+    lengths = lengths_of(args.sequences, low, high, seed=1)
+    causal, d, dtype = not args.full, args.head_dim, torch.bfloat16
+    total = sum(lengths)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+    q, k, v = leaf(total, heads_q, d), leaf(total, heads_kv, d), leaf(total, heads_kv, d)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    longest = max(lengths)
+    padded = [leaf(args.sequences, h, longest, d) for h in (heads_q, heads_kv, heads_kv)]
+    keep = torch.arange(longest, device="cuda")[None, :] < torch.tensor(lengths, device="cuda")[:, None]
+    mask = keep[:, None, None, :]  # (batch, 1, 1, keys): each sequence's own keys
+    if causal:
+        mask = mask & torch.ones(longest, longest, device="cuda", dtype=torch.bool).tril()
+    dense_batch = max(1, total // longest)
+    dense = [leaf(dense_batch, h, longest, d) for h in (heads_q, heads_kv, heads_kv)]
+    flops = {"varlen": useful_flops(lengths, heads_q, d, causal), "sdpa padded": useful_flops(lengths, heads_q, d, causal),
+             "dense autoflash": useful_flops([longest] * dense_batch, heads_q, d, causal)}
+    cases = {
+        "varlen": lambda: autoflash.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal),
+        "sdpa padded": lambda: torch.nn.functional.scaled_dot_product_attention(*padded, attn_mask=mask,
+                                                                                enable_gqa=heads_q != heads_kv),
+        "dense autoflash": lambda: autoflash.attention(*dense, causal=causal),
+    }
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    print(f"lengths {sorted(lengths)} (total {total}); dense batch {dense_batch} x {longest}")
+    for direction in ("fwd", "fwd+bwd"):
+        for name, fn in cases.items():
+            ms = timed(fn, direction != "fwd")
+            work = flops[name] * (1 if direction == "fwd" else 3.5)
+            line = dict(case=name, direction=direction, ms=ms, tflops=work / ms / 1e9, lengths=lengths,
+                        heads=args.heads, head_dim=d, causal=causal, gpu=torch.cuda.get_device_name(), time=stamp)
+            print(f"{direction:8s} {name:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s")
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(line) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

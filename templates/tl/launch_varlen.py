@@ -1,0 +1,166 @@
+"""Launchers of the `tl` family's kernels over packed sequences (the VARLEN variant; PAGED where keys sit on
+pages of a KV cache): plain Python, the variant's knobs passed in as data, like launch.py, whose helpers they use
+(`base`, set by the loader, autoflash.resources.launcher, once this module has run). A file of its own, named for its variant, so the
+fingerprint of plain problems' kernels does not count it (codegen.template_fingerprint). Needs only torch and
+triton.
+"""
+
+import torch
+import triton
+
+base = None  # the module of templates/tl/launch.py, set by the loader
+
+
+
+def varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block, causal, count):
+    """int32 (2, count): the (sequence, query block) pairs of a packed batch, sequences in the first row and
+    blocks in the second, the block that sees the most keys first (under causal masking a sequence's last
+    blocks; without, the longest sequences'), then padding (sequence -1) up to `count`, a bound known before
+    the lengths are (the grid is sized on the host). Built on the device: no synchronisation.
+    `rows_per_token`: query rows a token adds (the group size with pack_gqa, else 1); `block`: rows a block;
+    at least one sequence."""
+    lengths = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
+    blocks = (lengths * rows_per_token + block - 1) // block
+    ends = blocks.cumsum(0)
+    entry = torch.arange(count, device=cu_seqlens_q.device)
+    seq = torch.searchsorted(ends, entry, right=True)
+    valid = seq < lengths.numel()
+    seq = seq.clamp(max=lengths.numel() - 1)
+    index = entry - (ends[seq] - blocks[seq])
+    keys = seqlens_k[seq].long()
+    if causal:  # the block's last row sees the keys up to its position + seqlen_k - seqlen_q
+        last = torch.minimum((index + 1) * block, lengths[seq] * rows_per_token) // rows_per_token
+        keys = (last + keys - lengths[seq]).clamp(min=0).minimum(keys)
+    cost = torch.where(valid, keys, -1)
+    order = torch.argsort(cost, descending=True, stable=True)
+    return torch.stack((torch.where(valid, seq, -1)[order], index[order])).to(torch.int32).contiguous()
+
+
+def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale, causal,
+                        compile, pages=None):
+    """`forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table)` over packed sequences, for every call
+    shaped like this one (the shapes, strides and dtypes of every argument but the lengths' values, 16-byte
+    alignment, softmax_scale, causal, lse given or None). q, out: (1, heads_q, total_q, head_dim) views of
+    packed (total_q, heads_q, head_dim) tensors; k, v: (1, heads_kv, rows, head_dim) views; each with unit last
+    stride. Sequence s has the rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q and the seqlens_k[s] keys from row
+    starts_k[s] of k and v (all int32 on q's device). lse: fp32 (1, heads_q, total_q) or None.
+    pages: for a paged cache, (block_table (batch, max_pages) int32, page_size, page strides of k and v): row j of
+    sequence s lies on page block_table[s, j // page_size] (k's first dim: pages) at row j % page_size (starts_k
+    then holds zeros). The grid is (table entries x heads, 1, kv_splits): `varlen_tiles`."""
+    _, heads_q, total_q, head_dim = q.shape
+    heads_kv = k.shape[1]
+    group = heads_q // heads_kv
+    batch = cu_seqlens_q.numel() - 1
+    block_m, block_n, kv_splits = knobs["block_m"], knobs["block_n"], knobs["kv_splits"]
+    block_d, block_d2 = base.column_tiles(knobs, head_dim)
+    rows_per_token, heads = (group, heads_kv) if knobs["pack_gqa"] else (1, heads_q)
+    count = triton.cdiv(total_q * rows_per_token, block_m) + batch
+    if kv_splits > 1:
+        head_dim_pad = kernels._head_dim_pad(head_dim)
+        part_shape = (kv_splits, heads_q, total_q, head_dim_pad)
+        main_out = torch.empty(part_shape, dtype=torch.float32, device=q.device)
+        main_lse = torch.empty(part_shape[:3], dtype=torch.float32, device=q.device)
+    else:
+        main_out, main_lse = out, out if lse is None else lse
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *main_out.stride()[:3])
+    unit = base._stride_unit(q.element_size(), strides)
+    varlen = ("Cu_seqlens_q", "Starts_k", "Seqlens_k", "Tiles") + (("Pages",) if pages else ())
+    paged = dict(stride_pages=pages[0].stride(0), page_size=pages[1], stride_kpage=pages[2],
+                 stride_vpage=pages[3]) if pages else {}
+    tiles = varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block_m, causal, count)
+    main = compile(
+        kernels._attn_fwd, (count * heads, 1, kv_splits),
+        (q, k, v, main_out, main_lse, softmax_scale, *[s // unit for s in strides], heads_q, group, total_q, k.shape[2]),
+        dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_D2=block_d2, IS_CAUSAL=causal,
+             RETURN_LSE=kv_splits > 1 or lse is not None, INPUT_PRECISION=kernels._input_precision(q.dtype),
+             STRIDE_UNIT=unit, BLOCK_M=block_m, BLOCK_N=block_n, KV_SPLITS=kv_splits,
+             num_warps=knobs["num_warps"], num_stages=knobs["num_stages"], enable_fp_fusion=True, **paged,
+             **dict(zip(varlen, (cu_seqlens_q, starts_k, seqlens_k, tiles, *(pages[:1] if pages else ()))))),
+        5, varlen)
+
+    def lengths(cu_seqlens_q, starts_k, seqlens_k, block_table):
+        tiles = varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block_m, causal, count)
+        return (cu_seqlens_q, starts_k, seqlens_k, tiles) + ((block_table,) if pages else ())
+
+    if kv_splits == 1:
+        def forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table=None):
+            main(q, k, v, out, out if lse is None else lse, *lengths(cu_seqlens_q, starts_k, seqlens_k, block_table))
+        return forward
+
+    # the splits' partial results merge as in the dense forward: over (1, heads_q, total_q) rows
+    combine = compile(
+        kernels._attn_fwd_combine, (triton.cdiv(total_q, 32), heads_q),
+        (main_out, main_out, out, out if lse is None else lse, *out.stride()[:3], heads_q, total_q),
+        dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, KV_SPLITS=kv_splits, RETURN_LSE=lse is not None,
+             BLOCK_M=32, num_warps=4, enable_fp_fusion=True),
+        4)
+
+    def forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table=None):
+        part_out = torch.empty(part_shape, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(part_shape[:3], dtype=torch.float32, device=q.device)
+        main(q, k, v, part_out, part_lse, *lengths(cu_seqlens_q, starts_k, seqlens_k, block_table))
+        combine(part_out, part_lse, out, out if lse is None else lse)
+    return forward
+
+
+def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                         causal, dlse, compile):
+    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k)` over packed sequences, for
+    every call shaped like this one (as `backward_plan`, the lengths' values aside): q, out, dout, dq (1, heads_q,
+    total_q, head_dim) and k, v, dk, dv (1, heads_kv, total_k, head_dim) views of packed tensors; lse, dlse fp32
+    (1, heads_q, total_q). The dK/dV programs run a table of (sequence, key block) pairs, the dQ pass one of
+    (sequence, query block) pairs (`varlen_tiles`). Writes dq, dk, dv."""
+    _, heads_q, total_q, head_dim = q.shape
+    heads_kv, total_k = k.shape[1], k.shape[2]
+    batch = cu_seqlens_q.numel() - 1
+    block_m, block_n, atomic_dq = knobs["block_m"], knobs["block_n"], knobs["dq"] == "atomic"
+    head_dim_pad = kernels._head_dim_pad(head_dim)
+    tile = dict(IS_CAUSAL=causal, CAUSAL_SPLIT=knobs["causal_split"], INPUT_PRECISION=kernels._input_precision(q.dtype),
+                HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, num_warps=knobs["num_warps"],
+                num_stages=knobs["num_stages"], enable_fp_fusion=True)
+    varlen = ("Cu_seqlens_q", "Cu_seqlens_k", "Tiles")
+    key_count, query_count = triton.cdiv(total_k, block_n) + batch, triton.cdiv(total_q, block_n) + batch
+
+    def key_tiles(cu_seqlens_q, cu_seqlens_k):  # by the query rows that can see them: their sequence's
+        return varlen_tiles(cu_seqlens_k, cu_seqlens_q[1:] - cu_seqlens_q[:-1], 1, block_n, False, key_count)
+
+    def query_tiles(cu_seqlens_q, cu_seqlens_k):
+        return varlen_tiles(cu_seqlens_q, cu_seqlens_k[1:] - cu_seqlens_k[:-1], 1, block_n, causal, query_count)
+
+    delta = torch.empty_like(lse)
+    preprocess = compile(  # over (1, heads_q, total_q) rows, as the dense backward's
+        kernels._attn_bwd_preprocess, (triton.cdiv(total_q, base._PREPROCESS_BLOCK), heads_q),
+        (out, dout, lse if dlse is None else dlse, delta, *out.stride()[:3], *dout.stride()[:3], heads_q, total_q),
+        dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HAS_DLSE=dlse is not None, BLOCK=base._PREPROCESS_BLOCK,
+             enable_fp_fusion=True),
+        4)
+    dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq
+    lengths = (cu_seqlens_q, cu_seqlens_k)
+    dkdv = compile(
+        kernels._attn_bwd_dkdv, (key_count * heads_kv,),
+        (q, k, v, dout, lse, delta, dq_sum, dk, dv, softmax_scale,
+         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq_sum.stride()[:3],
+         *dk.stride()[:3], *dv.stride()[:3], heads_q, heads_kv, heads_q // heads_kv, total_q, total_k),
+        dict(tile, ATOMIC_DQ=atomic_dq, BLOCK_M=block_m, BLOCK_N=block_n,
+             **dict(zip(varlen, (*lengths, key_tiles(*lengths))))),
+        9, varlen)
+    dq_pass = None if atomic_dq else compile(
+        kernels._attn_bwd_dq, (query_count * heads_q,),
+        (q, k, v, dout, lse, delta, dq, softmax_scale,
+         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
+         heads_q, heads_q // heads_kv, total_q, total_k),
+        dict(tile, BLOCK_M=block_n, BLOCK_N=block_m, **dict(zip(varlen, (*lengths, query_tiles(*lengths))))),
+        7, varlen)
+
+    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k):
+        lengths = (cu_seqlens_q, cu_seqlens_k)
+        delta = torch.empty_like(lse)
+        preprocess(out, dout, lse if dlse is None else dlse, delta)
+        if atomic_dq:
+            dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            dkdv(q, k, v, dout, lse, delta, dq_sum, dk, dv, *lengths, key_tiles(*lengths))
+            dq.copy_(dq_sum)
+            return
+        dkdv(q, k, v, dout, lse, delta, dq, dk, dv, *lengths, key_tiles(*lengths))
+        dq_pass(q, k, v, dout, lse, delta, dq, *lengths, query_tiles(*lengths))
+    return backward

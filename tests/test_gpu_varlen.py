@@ -1,0 +1,92 @@
+"""Packed sequences and KV caches at real sizes on the GPU: bf16, long sequences, page sizes up to 256, the
+compiled kernels (the interpreter runs the small cases of test_varlen.py and test_kvcache.py)."""
+
+import pytest
+import torch
+
+import autoflash
+from autoflash.reference import GRAD_TOLERANCE, TOLERANCE, relative_error, varlen_reference
+from test_kvcache import paged, reference
+from test_varlen import grads_with_dlse, packed_batch
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_q, heads_kv, head_dim", [(8, 8, 128), (16, 4, 64), (8, 1, 80)])
+def test_varlen_forward_backward(dtype, causal, heads_q, heads_kv, head_dim):
+    lengths = [1000, 0, 1, 7, 123, 2049, 513]
+    q, k, v, cu_q, cu_k = packed_batch(lengths, lengths, heads_q, heads_kv, head_dim, dtype, seed=11)
+    dout, dlse = torch.randn_like(q), torch.randn(heads_q, q.shape[0], device="cuda")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, max(lengths), max(lengths), causal=causal,
+                                          return_lse=True)
+    seen = torch.isfinite(lse.detach())
+    torch.autograd.backward((out, lse[seen]), (dout, dlse[seen]))
+    ref, ref_lse = varlen_reference(q.detach(), k.detach(), v.detach(), cu_q, cu_k, causal)
+    assert relative_error(out, ref) < TOLERANCE[dtype]
+    assert (lse[seen].double() - ref_lse[seen]).abs().max() < 1e-2
+    for got, want in zip((q.grad, k.grad, v.grad), grads_with_dlse(q, k, v, cu_q, cu_k, causal, dout, dlse)):
+        assert relative_error(got, want) < GRAD_TOLERANCE[dtype]
+
+
+def test_varlen_equals_dense_on_equal_lengths():
+    """Equal lengths: the varlen kernel computes what autoflash.attention does on the padded-free dense batch."""
+    batch, seqlen, heads, head_dim = 4, 1024, 8, 128
+    q, k, v, cu_q, cu_k = packed_batch([seqlen] * batch, [seqlen] * batch, heads, heads, head_dim, torch.bfloat16)
+    out = autoflash.attention_varlen(q, k, v, cu_q, cu_k, seqlen, seqlen, causal=True)
+    dense = autoflash.attention(*(t.view(batch, seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v)),
+                                causal=True)
+    assert relative_error(out, dense.transpose(1, 2).reshape(q.shape)) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 64, 256])
+@pytest.mark.parametrize("seqlen_q, new, causal", [(1, 0, False), (1, 1, True), (128, 128, True), (7, 0, True)])
+def test_kvcache(page_size, seqlen_q, new, causal):
+    gen = torch.Generator().manual_seed(12)
+    batch, heads_q, heads_kv, head_dim = 6, 32, 8, 128
+    lengths = [0, 1, 255, 4097, 1000, 77]
+    seqlen_cache = max(lengths) + new + 3
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=gen).to("cuda", torch.bfloat16)
+    q = normal(batch, seqlen_q, heads_q, head_dim)
+    k_dense, v_dense = normal(batch, seqlen_cache, heads_kv, head_dim), normal(batch, seqlen_cache, heads_kv, head_dim)
+    k_new, v_new = (normal(batch, new, heads_kv, head_dim), normal(batch, new, heads_kv, head_dim)) if new \
+        else (None, None)
+    if page_size is None:
+        k_cache, v_cache, block_table = k_dense.clone(), v_dense.clone(), None
+    else:
+        k_cache, v_cache, block_table = paged((k_dense, v_dense), page_size, gen)
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = autoflash.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                                           k=k_new, v=v_new, causal=causal)
+    for b, n in enumerate(lengths):
+        if new:
+            k_dense[b, n:n + new], v_dense[b, n:n + new] = k_new[b], v_new[b]
+    ref, _ = reference(q, k_dense, v_dense, [n + new for n in lengths], causal)
+    assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
+
+
+def test_kvcache_decode_in_a_cuda_graph():
+    """Fixed page table, lengths changing between replays: one captured graph, no host synchronisation."""
+    gen = torch.Generator().manual_seed(13)
+    batch, heads_q, heads_kv, head_dim = 4, 16, 4, 128
+    k_dense, v_dense = (torch.randn(batch, 512, heads_kv, head_dim, generator=gen).to("cuda", torch.float16)
+                        for _ in range(2))
+    k_cache, v_cache, block_table = paged((k_dense, v_dense), 64, gen)
+    q = torch.randn(batch, 1, heads_q, head_dim, generator=gen).to("cuda", torch.float16)
+    cache_seqlens = torch.tensor([5, 100, 300, 511], dtype=torch.int32, device="cuda")
+
+    def step():
+        return autoflash.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                                block_table=block_table)
+    step()  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    cache_seqlens.copy_(torch.tensor([50, 1, 512, 200], dtype=torch.int32))
+    graph.replay()
+    ref, _ = reference(q, k_dense, v_dense, [50, 1, 512, 200], False)
+    assert relative_error(out, ref) < TOLERANCE[torch.float16]
