@@ -9,6 +9,7 @@ import json
 import torch
 
 from autoflash import checks
+from autoflash.codegen import FIXED_VARIANTS
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.problem import Problem
 from autoflash.resources import launcher
@@ -37,12 +38,14 @@ def compile_variant(direction, knobs, head_dim, gates) -> dict:
     slopes = torch.empty(hq) if problem.alibi else None
     variant = checks.variant_args(problem.causal, problem.window, s, s, 50.0 if problem.softcap else 0.0, slopes)
     compiled = {}
-    plan = launcher("tl").forward_plan if direction == "fwd" else launcher("tl").backward_plan
+    plans = launcher("tl", FIXED_VARIANTS) if variant else launcher("tl")
+    plan = plans.forward_plan if direction == "fwd" else plans.backward_plan
     tensors = (q, k, torch.empty_like(k), torch.empty_like(q), torch.empty(b, hq, s))
     if direction == "bwd":
         tensors += (torch.empty_like(q), torch.empty_like(q), torch.empty_like(k), torch.empty_like(k))
     flags = (0.1, problem.causal) + ((None,) if direction == "bwd" else ())
-    plan(rendered(knobs, gates), knobs.as_point(), *tensors, *flags, sm90_compiler(compiled), variant=variant)
+    plan(rendered(knobs, gates), knobs.as_point(), *tensors, *flags, sm90_compiler(compiled),
+         *([variant] if variant else []))
     return {name: summary_of(kernel) for name, kernel in compiled.items()}
 
 

@@ -423,3 +423,25 @@ def test_torch_compile_carries_the_variants():
                              fullgraph=True)
     assert_gradients_match(q, k, v, False, with_lse=True, window_size=(4, 2), softcap=3.0,
                            alibi_slopes=torch.tensor([0.5, 0.25], device=q.device), attention=compiled)
+
+
+def test_the_variants_launcher_counts_for_its_problems_alone(tmp_path, monkeypatch):
+    """templates/tl/launch_window_softcap_alibi.py is in the fingerprint of problems using one of its variants,
+    not in plain (or packed) problems': their tuned records stay valid when it changes."""
+    import shutil
+
+    shutil.copytree(data_dir("templates"), tmp_path, dirs_exist_ok=True)
+    monkeypatch.setattr(codegen, "data_dir", lambda name: tmp_path)
+    sets = [frozenset(), frozenset({"WINDOW"}), frozenset({"ALIBI"}), frozenset({"VARLEN"})]
+
+    def fingerprints():
+        codegen.template_fingerprint.cache_clear()
+        return [codegen.template_fingerprint("tl", direction, v) for v in sets for direction in ("fwd", "bwd")]
+    try:
+        before = fingerprints()
+        path = tmp_path / "tl" / f"launch_{codegen.FIXED_VARIANTS}.py"
+        path.write_text(path.read_text() + "\n# edit\n")
+        changed = [b != a for b, a in zip(before, fingerprints())]
+        assert changed == [False, False, True, True, True, True, False, False]
+    finally:
+        codegen.template_fingerprint.cache_clear()

@@ -7,11 +7,6 @@ args, options, tensor_count)` turns each launch into a function of its first ten
 passes one that compiles now and then starts the compiled kernel directly, and gives the "tma" variants the
 scratch memory they write their descriptors to (autoflash/launch.py; exported packages carry a copy). Needs
 only torch and triton.
-
-Attention variants (window, softcap, ALiBi: kernels rendered with their gates) reach the kernels through one
-`variant` dict, the same for every variant: "tensors", per-call tensors passed right after the plain ones (and to
-each call of the returned function, after its arguments), and "args", the kernels' other variant parameters by
-name (scalars fixed for the plan). None: a plain launch.
 """
 
 import math
@@ -64,14 +59,13 @@ def _descriptor_maker(q, k, v, out, widths, block_m, block_n):
     return make
 
 
-def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile, variant=None):
-    """`forward(q, k, v, out, lse, *variant tensors)` for every call shaped like this one: the same shapes,
-    strides, dtypes, 16-byte alignment, softmax_scale, causal, variant args, and lse given or None. q, out:
-    (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k, head_dim), each with unit last
-    stride; lse: fp32 (batch, heads_q, seqlen_q), contiguous, or None."""
+def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile):
+    """`forward(q, k, v, out, lse)` for every call shaped like this one: the same shapes, strides, dtypes,
+    16-byte alignment, softmax_scale, causal, and lse given or None. q, out: (batch, heads_q, seqlen_q,
+    head_dim); k, v: (batch, heads_kv, seqlen_k, head_dim), each with unit last stride; lse: fp32 (batch,
+    heads_q, seqlen_q), contiguous, or None."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    extra, variant_args = _variant(variant)
     block_m, block_n, kv_splits, loads = knobs["block_m"], knobs["block_n"], knobs["kv_splits"], knobs["loads"]
     block_d, block_d2 = column_tiles(knobs, head_dim)
     if kv_splits > 1:  # each key split writes an fp32 partial output and lse; a second kernel merges them
@@ -99,16 +93,16 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
     # no longer makes by default.
     main = compile(
         kernels._attn_fwd, grid,
-        (*tiles(q, k, v, main_out), main_lse, *extra, softmax_scale, *[s // unit for s in strides],
+        (*tiles(q, k, v, main_out), main_lse, softmax_scale, *[s // unit for s in strides],
          heads_q, heads_q // heads_kv, seqlen_q, seqlen_k),
         dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_D2=block_d2, IS_CAUSAL=causal,
              RETURN_LSE=kv_splits > 1 or lse is not None, INPUT_PRECISION=kernels._input_precision(q.dtype),
              STRIDE_UNIT=unit, BLOCK_M=block_m, BLOCK_N=block_n, KV_SPLITS=kv_splits,
-             num_warps=knobs["num_warps"], num_stages=knobs["num_stages"], enable_fp_fusion=True, **variant_args),
-        tile_count + 1 + len(extra))
+             num_warps=knobs["num_warps"], num_stages=knobs["num_stages"], enable_fp_fusion=True),
+        tile_count + 1)
     if kv_splits == 1:
-        def forward(q, k, v, out, lse, *extra):
-            main(*tiles(q, k, v, out), out if lse is None else lse, *extra)
+        def forward(q, k, v, out, lse):
+            main(*tiles(q, k, v, out), out if lse is None else lse)
         return forward
 
     combine = compile(
@@ -118,27 +112,20 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
              BLOCK_M=32, num_warps=4, enable_fp_fusion=True),
         4)
 
-    def forward(q, k, v, out, lse, *extra):
+    def forward(q, k, v, out, lse):
         part_out = torch.empty(part_shape, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(part_shape[:3], dtype=torch.float32, device=q.device)
-        main(*tiles(q, k, v, part_out), part_lse, *extra)
+        main(*tiles(q, k, v, part_out), part_lse)
         combine(part_out, part_lse, out, out if lse is None else lse)
     return forward
-
-
-def _variant(variant):
-    """(per-call tensors, named args) of a `variant` dict (see above); none for None."""
-    variant = variant or {}
-    return tuple(variant.get("tensors", ())), dict(variant.get("args", {}))
 
 
 _PREPROCESS_BLOCK = 64
 
 
-def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile,
-                  variant=None):
-    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *variant tensors)` for every call shaped like this one:
-    the same shapes, strides, dtypes, 16-byte alignment, softmax_scale, causal, variant args, and dlse given or None. q, out, dout, dq: (batch,
+def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile):
+    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)` for every call shaped like this one: the same shapes,
+    strides, dtypes, 16-byte alignment, softmax_scale, causal, and dlse given or None. q, out, dout, dq: (batch,
     heads_q, seqlen_q, head_dim); k, v, dk, dv: (batch, heads_kv, seqlen_k, head_dim), each with unit last
     stride; lse (the forward's) and dlse (the gradient of the returned lse, or None): fp32 (batch, heads_q,
     seqlen_q), contiguous. Writes dq, dk, dv."""
@@ -147,10 +134,9 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     block_m, block_n, atomic_dq = knobs["block_m"], knobs["block_n"], knobs["dq"] == "atomic"
     head_dim_pad = kernels._head_dim_pad(head_dim)
     precision = kernels._input_precision(q.dtype)
-    extra, variant_args = _variant(variant)
     tile = dict(IS_CAUSAL=causal, CAUSAL_SPLIT=knobs["causal_split"], INPUT_PRECISION=precision,
                 HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, num_warps=knobs["num_warps"],
-                num_stages=knobs["num_stages"], enable_fp_fusion=True, **variant_args)
+                num_stages=knobs["num_stages"], enable_fp_fusion=True)
     delta = torch.empty_like(lse)
     preprocess = compile(
         kernels._attn_bwd_preprocess, (triton.cdiv(seqlen_q, _PREPROCESS_BLOCK), batch * heads_q),
@@ -162,32 +148,32 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq
     dkdv = compile(
         kernels._attn_bwd_dkdv, (triton.cdiv(seqlen_k, block_n), batch * heads_kv),
-        (q, k, v, dout, lse, delta, dq_sum, dk, dv, *extra, softmax_scale,
+        (q, k, v, dout, lse, delta, dq_sum, dk, dv, softmax_scale,
          *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq_sum.stride()[:3],
          *dk.stride()[:3], *dv.stride()[:3], heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k),
         dict(tile, ATOMIC_DQ=atomic_dq, BLOCK_M=block_m, BLOCK_N=block_n),
-        9 + len(extra))
+        9)
     if atomic_dq:
-        def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra):
+        def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
             delta = torch.empty_like(lse)
             preprocess(out, dout, lse if dlse is None else dlse, delta)
             dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-            dkdv(q, k, v, dout, lse, delta, dq_sum, dk, dv, *extra)
+            dkdv(q, k, v, dout, lse, delta, dq_sum, dk, dv)
             dq.copy_(dq_sum)
         return backward
 
     # The dQ pass holds block_n query rows and streams block_m keys: the dK/dV tile, transposed.
     dq_pass = compile(
         kernels._attn_bwd_dq, (triton.cdiv(seqlen_q, block_n), batch * heads_q),
-        (q, k, v, dout, lse, delta, dq, *extra, softmax_scale,
+        (q, k, v, dout, lse, delta, dq, softmax_scale,
          *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
          heads_q, heads_q // heads_kv, seqlen_q, seqlen_k),
         dict(tile, BLOCK_M=block_n, BLOCK_N=block_m),
-        7 + len(extra))
+        7)
 
-    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra):
+    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
         delta = torch.empty_like(lse)
         preprocess(out, dout, lse if dlse is None else dlse, delta)
-        dkdv(q, k, v, dout, lse, delta, dq, dk, dv, *extra)
-        dq_pass(q, k, v, dout, lse, delta, dq, *extra)
+        dkdv(q, k, v, dout, lse, delta, dq, dk, dv)
+        dq_pass(q, k, v, dout, lse, delta, dq)
     return backward
