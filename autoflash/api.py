@@ -346,8 +346,9 @@ def explain(q, k, v, *, causal=False, deterministic=False, window_size=_NO_WINDO
     from autoflash.tune import on_miss
 
     q, k, v = _checked(q, k, v)
+    slopes = checks.checked_slopes(alibi_slopes, q)
     problem = Problem.from_tensors(q, k, causal, checks.checked_window(window_size),
-                                   checks.checked_softcap(softcap) > 0, checks.checked_slopes(alibi_slopes, q) is not None)
+                                   checks.checked_softcap(softcap) > 0, slopes is not None)
     gpu = gpus.current(q.device)
     lines = [f"problem:     {problem.label()} ({problem.key()})", f"gpu:         {gpu.name} (family {gpu.family})"]
     for direction in ("fwd", "bwd"):

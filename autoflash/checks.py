@@ -193,9 +193,10 @@ def canonical_window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) ->
 
 def variant_args(causal: bool, window: tuple[int, int], seqlen_q: int, seqlen_k: int, softcap: float,
                  alibi_slopes) -> dict | None:
-    """The `variant` of a launcher's plans (templates/tl/launch_window_softcap_alibi.py) for a call with a canonical window
-    (`canonical_window`), softcap (0.0: off) and alibi_slopes (or None); None for a plain call. An unbounded
-    window side is passed as seqlen_q + seqlen_k keys (past every key), the right side as 0 under causal masking."""
+    """The `variant` of the fixed variants' plans (templates/tl/launch_window_softcap_alibi.py) for a call with a
+    canonical window (`canonical_window`), softcap (0.0: off) and alibi_slopes (or None); None for a plain call. An
+    unbounded window side is passed as seqlen_q + seqlen_k keys (past every key), the right side as 0 under causal
+    masking."""
     args, tensors = {}, {}
     if window != (-1, -1):
         unbounded = seqlen_q + seqlen_k

@@ -159,7 +159,8 @@ class Variant:
             return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
                                                softmax_scale, causal, dlse, compile)
         return launcher(self.knobs.family, FIXED_VARIANTS).backward_plan(
-            self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile, variant)
+            self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile,
+            variant)
 
     def varlen_forward_plan(self, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale: float,
                             causal: bool, pages=None, compile=compile_launch):

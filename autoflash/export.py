@@ -30,7 +30,8 @@ def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str
             header = (f"gpu family: {gpu_family}",
                       f"chosen for: {problem.key()} {kind} ({choice.reason}; source {choice.source})",
                       f"measured: {'not measured on this exact problem' if tflops is None else f'{tflops} TFLOP/s'}")
-            (out / f"{module}.py").write_text(codegen.render(choice.knobs, extra_header=header, variants=problem.gates()))
+            source = codegen.render(choice.knobs, extra_header=header, variants=problem.gates())
+            (out / f"{module}.py").write_text(source)
             variants[kind] = (module, choice.knobs.family, choice.knobs.as_point(), tflops)
             used.add((choice.knobs.family, choice.knobs.DIRECTION))
             if problem.window != (-1, -1) or problem.softcap or problem.alibi:
