@@ -45,11 +45,13 @@ def template_fingerprint(family: str, direction: str = "fwd", variants: frozense
     templates leaves a plain problem's fingerprint, and its tuned records, as they were. Records and cached
     kernels of other template text are never used."""
     unused = frozenset(VARIANTS) - variants
-    others = [d for d in families.DIRECTIONS if d != direction] + [name.lower() for name in unused]
+    others = [d for d in families.DIRECTIONS if d != direction]
     root = data_dir("templates")
     digest = hashlib.sha256()
     for path in sorted([*(root / "common").iterdir(), *(root / family).iterdir()]):
-        if path.is_file() and not any(f"_{d}." in path.name for d in others):
+        # (a file named for variants, launch_window_softcap_alibi.py, counts for problems using one of them)
+        named = {part.upper() for part in re.split(r"[_.]", path.name)} & set(VARIANTS)
+        if path.is_file() and not any(f"_{d}." in path.name for d in others) and not (named and named <= unused):
             content = path.read_bytes()
             if path.name.endswith(".jinja"):
                 content = _ungated(content.decode(), unused).encode()
@@ -126,6 +128,10 @@ def kernel_key(knobs: Knobs, variants: frozenset[str] = frozenset()) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+# The launcher part (templates/<family>/launch_<part>.py) of the fixed variants' plans (window, softcap, ALiBi).
+FIXED_VARIANTS = "window_softcap_alibi"
+
+
 class Variant:
     """A rendered variant: its kernels (`kernels`, the imported module) and its family's launcher, which gets
     the knobs as data. `forward_plan`/`backward_plan` compile for one call signature and return what launches
@@ -135,16 +141,26 @@ class Variant:
         self.knobs, self.kernels, self.launcher = knobs, kernels, launcher(knobs.family)
         self._data = knobs.as_point()
 
-    def forward_plan(self, q, k, v, out, lse, softmax_scale: float, causal: bool, compile=compile_launch):
-        """forward(q, k, v, out, lse) for every call shaped like this one (lse given or None alike)."""
-        return self.launcher.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile)
+    def forward_plan(self, q, k, v, out, lse, softmax_scale: float, causal: bool, compile=compile_launch,
+                     variant=None):
+        """forward(q, k, v, out, lse, *variant tensors) for every call shaped like this one (lse given or None
+        alike); `variant`: the kernels' variant arguments (`checks.variant_args`), None for a plain call."""
+        if variant is None:
+            return self.launcher.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal,
+                                              compile)
+        return launcher(self.knobs.family, FIXED_VARIANTS).forward_plan(
+            self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile, variant)
 
     def backward_plan(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse,
-                      compile=compile_launch):
-        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) for every call shaped like this one (dlse given or
-        None alike)."""
-        return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
-                                           softmax_scale, causal, dlse, compile)
+                      compile=compile_launch, variant=None):
+        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *variant tensors) for every call shaped like this
+        one (dlse given or None alike)."""
+        if variant is None:
+            return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
+                                               softmax_scale, causal, dlse, compile)
+        return launcher(self.knobs.family, FIXED_VARIANTS).backward_plan(
+            self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile,
+            variant)
 
     def varlen_forward_plan(self, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale: float,
                             causal: bool, pages=None, compile=compile_launch):
@@ -161,15 +177,17 @@ class Variant:
         return launcher(self.knobs.family, "varlen").varlen_backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
                                                   cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, dlse, compile)
 
-    def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+    def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool, variant=None) -> None:
         """Launch the forward once. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k,
         head_dim), each with unit last stride; lse: fp32 (batch, heads_q, seqlen_q), contiguous, or None."""
-        self.forward_plan(q, k, v, out, lse, softmax_scale, causal)(q, k, v, out, lse)
+        self.forward_plan(q, k, v, out, lse, softmax_scale, causal, variant=variant)(
+            q, k, v, out, lse, *(variant or {}).get("tensors", {}).values())
 
-    def backward(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse=None) -> None:
+    def backward(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse=None,
+                 variant=None) -> None:
         """Launch the backward once: writes dq, dk, dv (shaped like q, k, v) from the forward's out and lse."""
-        self.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse)(
-            q, k, v, out, lse, dout, dq, dk, dv, dlse)
+        self.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, variant=variant)(
+            q, k, v, out, lse, dout, dq, dk, dv, dlse, *(variant or {}).get("tensors", {}).values())
 
 
 def cache_dir() -> Path:
