@@ -8,6 +8,7 @@ deterministic: the same knobs and templates give the same bytes.
 
 import hashlib
 import importlib.util
+import itertools
 import os
 import re
 import sys
@@ -67,33 +68,50 @@ def _ungated(text: str, unused: frozenset[str]) -> str:
     """Template `text` as a problem without the `unused` variants sees it: each `{% if NAME %}...{% else %}...
     {% endif %}` on one of them replaced by its else part, each `{% if not NAME %}` block by its body. A tag alone
     on its line goes with its line, as trim_blocks and lstrip_blocks render it: text without gates is returned
-    unchanged, so its fingerprint does not move when a gated block is added."""
-    while True:
-        tags = list(_TAG.finditer(text))
-        start = next((n for n, tag in enumerate(tags) if tag[1] == "if" and tag[3] in unused), None)
-        if start is None:
-            return text
-        if tags[start][4].strip():
-            raise ValueError(f"a variant gate tests one name: {tags[start][0].strip()} (nest the blocks)")
-        depth, middle = 0, None
-        for n in range(start, len(tags)):
-            kind = tags[n][1]
-            depth += {"if": 1, "endif": -1}.get(kind, 0)
-            if depth == 1 and kind == "elif":
-                raise ValueError(f"a variant gate takes no elif: {tags[start][0].strip()} (nest the blocks)")
-            if depth == 1 and kind == "else":
-                middle = tags[n]
-            if depth == 0:
-                end = tags[n]
-                break
-        else:
-            raise ValueError(f"no endif for {tags[start][0].strip()}")
-        head = tags[start]
-        if head[2]:  # {% if not NAME %}: the body
-            kept = text[head.end():(middle or end).start()]
-        else:
-            kept = text[middle.end():end.start()] if middle else ""
-        text = text[:head.start()] + kept + text[end.end():]
+    unchanged, so its fingerprint does not move when a gated block is added. One pass over the tags."""
+    out, pos = [], 0
+    frames = []  # per open if: [gated, this branch kept] (a plain if's branches are all kept)
+
+    def shown():
+        return all(kept for _, kept in frames)
+
+    for tag in _TAG.finditer(text):
+        kind, negated, name, rest = tag[1], bool(tag[2]), tag[3], tag[4]
+        if shown():
+            out.append(text[pos:tag.start()])
+        pos = tag.end()
+        if kind == "if":
+            gated = name in unused
+            if gated and rest.strip():
+                raise ValueError(f"a variant gate tests one name: {tag[0].strip()} (nest the blocks)")
+            if not gated and shown():
+                out.append(tag[0])
+            frames.append([gated, negated if gated else True])
+        elif not frames:
+            raise ValueError(f"{tag[0].strip()} without an if")
+        elif frames[-1][0] and kind == "elif":
+            raise ValueError(f"a variant gate takes no elif: {tag[0].strip()} (nest the blocks)")
+        elif frames[-1][0] and kind == "else":
+            frames[-1][1] = not frames[-1][1]
+        elif kind == "endif":
+            gated, _ = frames.pop()
+            if not gated and shown():
+                out.append(tag[0])
+        elif shown():
+            out.append(tag[0])
+    if any(gated for gated, _ in frames):
+        raise ValueError("no endif for a variant gate")
+    if shown():
+        out.append(text[pos:])
+    return "".join(out)
+
+
+@lru_cache(maxsize=None)
+def every_current_fingerprint(direction: str = "fwd") -> frozenset[str]:
+    """The current fingerprints of every family's `direction` kernels, for every set of variants."""
+    return frozenset(template_fingerprint(f.name, direction, frozenset(used))
+                     for f in families.implementing(direction)
+                     for n in range(len(VARIANTS) + 1) for used in itertools.combinations(VARIANTS, n))
 
 
 def current_fingerprints(direction: str = "fwd", variants: frozenset[str] = frozenset()) -> dict[str, str]:
