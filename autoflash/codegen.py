@@ -107,11 +107,18 @@ def _ungated(text: str, unused: frozenset[str]) -> str:
 
 
 @lru_cache(maxsize=None)
-def every_current_fingerprint(direction: str = "fwd") -> frozenset[str]:
-    """The current fingerprints of every family's `direction` kernels, for every set of variants."""
-    return frozenset(template_fingerprint(f.name, direction, frozenset(used))
+def every_current_fingerprint(direction: str = "fwd") -> frozenset[tuple[str, str]]:
+    """(family, fingerprint) of every family's current `direction` kernels, for every set of variants: a record
+    under one is current where it is its problem's (`is_current`)."""
+    return frozenset((f.name, template_fingerprint(f.name, direction, frozenset(used)))
                      for f in families.implementing(direction)
                      for n in range(len(VARIANTS) + 1) for used in itertools.combinations(VARIANTS, n))
+
+
+def is_current(fingerprint: str, family: str, direction: str, variants: frozenset[str]) -> bool:
+    """Whether a record under `fingerprint` was measured on the kernels `family` renders now for a problem using
+    `variants` (a window problem's record under the plain kernels' fingerprint is not)."""
+    return fingerprint == template_fingerprint(family, direction, variants)
 
 
 def current_fingerprints(direction: str = "fwd", variants: frozenset[str] = frozenset()) -> dict[str, str]:

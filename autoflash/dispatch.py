@@ -58,14 +58,15 @@ def read_records(url: str, gpu_family: str, direction: str = "fwd") -> list[Reco
     """Best `direction` records of `gpu_family` under every kernel family's current templates in the database
     at `url`, the fastest variant of each problem first (malformed rows skipped: db/base.py)."""
     try:
-        best = records.best_trials(url, gpu_family, direction, codegen.every_current_fingerprint(direction))
+        best = records.best_trials(url, gpu_family, direction,
+                                   {fingerprint for _, fingerprint in codegen.every_current_fingerprint(direction)})
     except StoreError as e:
         warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
         return []
     chosen = [(b.problem, families.knobs_from_json(direction, b.knobs), b) for b in best]
     return sorted((Record(problem, knobs, b.median_ms, b.tflops) for problem, knobs, b in chosen
                    # measured on the kernels this problem renders now (a window problem's: with the window's code)
-                   if b.fingerprint == codegen.template_fingerprint(knobs.family, direction, problem.gates())),
+                   if codegen.is_current(b.fingerprint, knobs.family, direction, problem.gates())),
                   key=lambda r: r.median_ms)
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 from sqlalchemy import (URL, Integer, case, create_engine, delete, event, func, inspect, literal, select, text,
                         type_coerce, update)
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import Session, undefer
 
 from autoflash._version import __version__
@@ -161,7 +161,7 @@ class Store:
                 connection.execute(SchemaVersion.__table__.insert().values(version=SCHEMA_VERSION))
         except IntegrityError:
             pass
-        except OperationalError as e:
+        except (OperationalError, ProgrammingError) as e:
             if "already exists" not in str(e):
                 raise
 
@@ -175,9 +175,10 @@ class Store:
         for attempt in range(5):
             try:
                 return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
-            except (IntegrityError, OperationalError):
-                # Two processes creating Optuna's tables at once: the loser finds them made.
-                if attempt == 4:
+            except (IntegrityError, OperationalError, ProgrammingError) as e:
+                # Two processes creating Optuna's tables at once: the loser finds them made (PostgreSQL names a
+                # type or table that "already exists").
+                if attempt == 4 or (isinstance(e, ProgrammingError) and "already exists" not in str(e)):
                     raise
                 time.sleep(0.5 * (attempt + 1))
 
