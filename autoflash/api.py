@@ -16,7 +16,14 @@ from autoflash.dispatch import Dispatcher
 from autoflash.problem import Problem
 
 
-def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, deterministic=False, out=None):
+# The variant arguments' defaults: a call that leaves them is plain, known by identity on the hot path. (softcap's
+# is None, not flash-attn's 0.0, which means the same: torch.compile traces a float default as a symbolic float,
+# and a custom op's float argument then makes it trace the graph twice.)
+_NO_WINDOW, _NO_SOFTCAP = (-1, -1), None
+
+
+def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=_NO_WINDOW, softcap=_NO_SOFTCAP,
+              alibi_slopes=None, return_lse=False, deterministic=False, out=None):
     """Scaled dot-product attention, softmax(q kᵀ · softmax_scale) v, by a generated FlashAttention kernel.
 
     Differentiable: when q, k or v requires grad, the forward keeps the log-sum-exp (not the
@@ -34,6 +41,16 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, de
             key j when j <= i + seqlen_k - seqlen_q. With seqlen_q > seqlen_k the first
             seqlen_q - seqlen_k queries see no key: their output is 0 and their lse is -inf.
         softmax_scale: scale of the scores, positive; default 1 / sqrt(head_dim).
+        window_size: (left, right), flash-attn's sliding window: query i sees key j when
+            i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right; -1 leaves that side
+            unbounded (default (-1, -1): no window). causal=True sets right to 0. Key blocks outside the
+            window are skipped: a window of w keys costs about w / seqlen_k of full attention. A query that
+            sees no key gets output 0 and lse -inf.
+        softcap: flash-attn's logit softcapping (Gemma 2): the scaled scores s become softcap·tanh(s / softcap)
+            before the softmax; None (default) or 0.0 leaves them as they are. Must be finite and >= 0.
+        alibi_slopes: flash-attn's ALiBi: a float32 tensor of shape (heads_q,) or (batch, heads_q) on q's
+            device; adds -slope·|i + seqlen_k - seqlen_q - j| to the scores (after the softcap). The slopes
+            are data: no gradient flows to them.
         return_lse: also return the log-sum-exp of the scaled scores (differentiable too).
         deterministic: the backward computes dQ in its own pass instead of with atomics, so that
             gradients are bitwise the same on every run.
@@ -48,29 +65,59 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, de
         float32 (batch, heads_q, seqlen_q), natural log.
     """
     if torch.compiler.is_compiling():
-        return _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out)
-    plan, addresses = _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
-    return plan.run(q, k, v, out, addresses)
+        return _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out,
+                       _Variants(window_size, softcap, alibi_slopes))
+    variants = PLAIN if window_size is _NO_WINDOW and softcap is _NO_SOFTCAP and alibi_slopes is None \
+        else _Variants(window_size, softcap, alibi_slopes)
+    plan, addresses = _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, variants)
+    return plan.run(q, k, v, out, addresses, variants.tensors())
 
 
-def attention_forward(q, k, v, causal, softmax_scale, deterministic):
-    """(out, lse) of `attention(q, k, v, causal=..., softmax_scale=..., return_lse=True, deterministic=...)`,
-    never recorded by autograd; q, k, v must have last stride 1 (as `_checked` leaves them)."""
-    return _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic)[0].forward(q, k, v)
+class _Variants(NamedTuple):
+    """attention's variant arguments as the caller passed them (checked when a plan is made)."""
+    window_size: tuple = _NO_WINDOW
+    softcap: float | None = _NO_SOFTCAP
+    alibi_slopes: torch.Tensor | None = None
+
+    def tensors(self) -> tuple:
+        """The per-call tensors the kernels read (their order in the launcher's `variant`)."""
+        return () if self.alibi_slopes is None else (self.alibi_slopes,)
+
+    def key(self) -> tuple:
+        slopes = self.alibi_slopes
+        return (self.window_size.__class__, self.window_size, self.softcap.__class__, self.softcap,
+                None if slopes is None else (slopes.shape, slopes.stride(), slopes.dtype, slopes.get_device(),
+                                             slopes.data_ptr() & 15))
 
 
-def attention_backward(dout, q, k, v, out, lse, dlse, causal, softmax_scale, deterministic):
-    """(dq, dk, dv) of the call `attention_forward(q, k, v, causal, softmax_scale, deterministic)` that returned
-    out and lse, given dout and dlse (None: lse was not used); dq, dk, dv are laid out like q, k, v. out and lse
-    may also be another attention's over more keys that these are part of (ring attention's merged ones)."""
-    plan = _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic)[0]
-    return plan.backward(q, k, v, out, lse, dout, dlse)
+PLAIN = _Variants()
+
+
+def attention_forward(q, k, v, causal, softmax_scale, deterministic, window_size=_NO_WINDOW, softcap=_NO_SOFTCAP,
+                      alibi_slopes=None):
+    """(out, lse) of `attention(q, k, v, causal=..., softmax_scale=..., return_lse=True, deterministic=...,
+    window_size=..., softcap=..., alibi_slopes=...)`, never recorded by autograd; q, k, v must have last stride 1
+    (as `_checked` leaves them)."""
+    variants = _Variants(window_size, softcap, alibi_slopes)
+    plan = _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic, variants)[0]
+    return plan.forward(q, k, v, variants.tensors())
+
+
+def attention_backward(dout, q, k, v, out, lse, dlse, causal, softmax_scale, deterministic, window_size=_NO_WINDOW,
+                       softcap=_NO_SOFTCAP, alibi_slopes=None):
+    """(dq, dk, dv) of the call `attention_forward(q, k, v, causal, softmax_scale, deterministic, ...)` that
+    returned out and lse, given dout and dlse (None: lse was not used); dq, dk, dv are laid out like q, k, v. out
+    and lse may also be another attention's over more keys that these are part of (ring attention's merged ones)."""
+    variants = _Variants(window_size, softcap, alibi_slopes)
+    plan = _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic, variants)[0]
+    return plan.backward(q, k, v, out, lse, dout, dlse, variants.tensors())
 
 
 class _Plan(NamedTuple):
-    """What one call signature runs: `run(q, k, v, out, addresses)` is attention's call (addresses as
-    `checks.addresses` gives them); `forward(q, k, v) -> (out, lse)` and
-    `backward(q, k, v, out, lse, dout, dlse) -> (dq, dk, dv)` run outside autograd, on q, k, v of last stride 1."""
+    """What one call signature runs: `run(q, k, v, out, addresses, extra)` is attention's call (addresses as
+    `checks.addresses` gives them, extra the call's variant tensors: `_Variants.tensors`); `forward(q, k, v, extra)
+    -> (out, lse)` and `backward(q, k, v, out, lse, dout, dlse, extra) -> (dq, dk, dv)` run outside autograd, on
+    q, k, v of last stride 1."""
     run: Callable
     forward: Callable
     backward: Callable
@@ -82,16 +129,19 @@ _plans: dict = {}
 _MAX_PLANS = 4096
 
 
-def _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> tuple[_Plan, tuple]:
+def _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic,
+                 variants: _Variants = PLAIN) -> tuple[_Plan, tuple]:
     """The plan of this call signature, made at its first call, and the call's addresses."""
     try:
         addresses = checks.addresses(q, k, v, out)
         key = _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, deterministic)
+        if variants is not PLAIN:
+            key += variants.key()
         plan = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable argument: _plan raises what is wrong
         key, plan = None, None
     if plan is None:
-        plan = _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
+        plan = _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, variants)
         if key is not None:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
@@ -99,14 +149,17 @@ def _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic)
     return plan, addresses
 
 
-def _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out):
+def _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out, variants: _Variants):
     """attention as torch.compile traces it: one custom op, autoflash::attention_forward, whose autograd
     formula is autoflash::attention_backward (autoflash/integrations/torch_ops.py registers both)."""
     if out is not None:
         raise ValueError("attention(..., out=...) is not supported under torch.compile: leave out=None "
                          "(the compiled graph allocates and reuses its own buffers)")
     q, k, v = _checked(q, k, v)
-    out, lse = torch.ops.autoflash.attention_forward(q, k, v, causal, softmax_scale, deterministic)
+    out, lse = torch.ops.autoflash.attention_forward(q, k, v, causal, softmax_scale, deterministic,
+                                                     *checks.checked_window(variants.window_size),
+                                                     checks.checked_softcap(variants.softcap),
+                                                     checks.checked_slopes(variants.alibi_slopes, q))
     return (out, lse) if return_lse else out
 
 
@@ -122,63 +175,72 @@ def _call_key(q, k, v, out, addresses, causal, softmax_scale, return_lse, determ
     return key + (out.shape, out.stride(), out.dtype, out.get_device(), addresses[3] & 15)
 
 
-def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic) -> _Plan:
+def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, variants: _Variants) -> _Plan:
     """Check the inputs and compile the forward kernel once (the backward's at the first backward);
     return what runs every such call."""
     q_checked, k_checked, v_checked = _checked(q, k, v)
     copies = tuple(t.stride(-1) != 1 for t in (q, k, v))
     needs_copy = any(copies)
     checks.check_flags(causal=causal, return_lse=return_lse, deterministic=deterministic)
+    window = checks.checked_window(variants.window_size)
+    softcap = checks.checked_softcap(variants.softcap)
+    slopes = checks.checked_slopes(variants.alibi_slopes, q)
     check_out = None if out is None else checks.out_checker(q, k, v, checks.checked_out(out, q_checked))
     scale = checks.scale_of(softmax_scale, q.shape[-1])
     if q.dtype == torch.bfloat16 and gpus.interpreting():
-        return _in_float32(check_out, causal, softmax_scale, return_lse, deterministic)
+        return _in_float32(check_out, causal, softmax_scale, return_lse, deterministic, variants)
     forward = training_forward = _no_launch
     launch_backward = None
     if q.numel():
-        problem = Problem.from_tensors(q_checked, k_checked, causal)
+        problem = Problem.from_tensors(q_checked, k_checked, causal, window, softcap > 0, slopes is not None)
         gpu = gpus.current(q.device)
+        # The window's right bound of 0 is causal masking: problem.causal says whether the kernels mask so.
+        mask, gates = problem.causal, problem.gates()
+        variant_args = checks.variant_args(mask, problem.window, problem.seqlen_q, problem.seqlen_k, softcap, slopes)
         # The plan is compiled for the strides and alignment of this call's output (and lse): each call's are the same.
         out_like = torch.empty_like(q_checked) if out is None else out
         lse_like = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
         tensors = (q_checked, k_checked, v_checked, out_like)
-        variant = codegen.load(_chosen(problem, gpu, "fwd", tensors).knobs)
-        forward = variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, causal)
+        variant = codegen.load(_chosen(problem, gpu, "fwd", tensors).knobs, gates)
+        forward = variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, mask,
+                                       variant=variant_args)
         training_forward = forward if return_lse else _built_at_first_call(
-            lambda q, k, v, out, lse: variant.forward_plan(q, k, v, out, lse, scale, causal))
+            lambda q, k, v, out, lse, *extra: variant.forward_plan(q, k, v, out, lse, scale, mask,
+                                                                   variant=variant_args))
         launch_backward = _built_at_first_call(lambda *args: _backward_launcher(
-            codegen.load(_chosen(problem, gpu, "bwd", tensors, deterministic).knobs), scale, causal))
+            codegen.load(_chosen(problem, gpu, "bwd", tensors, deterministic).knobs, gates), scale, mask,
+            variant_args))
 
-    def forward_with_lse(q, k, v):
+    def forward_with_lse(q, k, v, extra=()):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        training_forward(q, k, v, out, lse)
+        training_forward(q, k, v, out, lse, *extra)
         return out, lse
 
-    def backward(q, k, v, out, lse, dout, dlse):
+    def backward(q, k, v, out, lse, dout, dlse, extra=()):
         if launch_backward is None:  # no query rows: nothing flows back
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
         dlse = None if dlse is None else dlse.contiguous()
-        launch_backward(q, k, v, out, lse.contiguous(), dout, dq, dk, dv, dlse)
+        launch_backward(q, k, v, out, lse.contiguous(), dout, dq, dk, dv, dlse, *extra)
         return dq, dk, dv
 
-    def run(q, k, v, out, addresses):
+    def run(q, k, v, out, addresses, extra=()):
         if out is not None:
             check_out(q, k, v, out, addresses)
         if needs_copy:
             q, k, v = (t.contiguous() if copy else t for t, copy in zip((q, k, v), copies))
         if out is None:
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                out, lse = _Attention.apply(q, k, v, plan)
+                out, lse = _Attention.apply(q, k, v, plan, *extra)
                 return (out, lse) if return_lse else out
             out = torch.empty_like(q)
         if return_lse:
             lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-            forward(q, k, v, out, lse)
+            forward(q, k, v, out, lse, *extra)
             return out, lse
-        forward(q, k, v, out, None)
+        forward(q, k, v, out, None, *extra)
         return out
     plan = _Plan(run, forward_with_lse, backward)
     return plan
@@ -192,27 +254,31 @@ def _chosen(problem: Problem, gpu: gpus.Gpu, direction: str, tensors, determinis
     return DISPATCHER.for_call(problem, gpu, direction, tensors, deterministic)
 
 
-def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic) -> _Plan:
+def _in_float32(check_out, causal, softmax_scale, return_lse, deterministic, variants: _Variants) -> _Plan:
     """The plan for bfloat16 under Triton's interpreter, whose tl.dot on bfloat16 is wrong (Triton 3.9):
     attention of float32 copies, cast back to bfloat16 (lse stays float32). `run` is differentiable through
     the casts: gradients flow back as bfloat16. `out` is filled by a copy."""
-    def run(q, k, v, out, addresses):
+    window_size, softcap = variants.window_size, variants.softcap
+
+    def run(q, k, v, out, addresses, extra=()):
         if out is not None:
             check_out(q, k, v, out, addresses)
         result = attention(q.float(), k.float(), v.float(), causal=causal, softmax_scale=softmax_scale,
+                           window_size=window_size, softcap=softcap, alibi_slopes=extra[0] if extra else None,
                            return_lse=return_lse, deterministic=deterministic)
         result_out, lse = result if return_lse else (result, None)
         result_out = result_out.to(torch.bfloat16) if out is None else out.copy_(result_out)
         return (result_out, lse) if return_lse else result_out
 
-    def forward(q, k, v):
-        out, lse = attention_forward(q.float(), k.float(), v.float(), causal, softmax_scale, deterministic)
+    def forward(q, k, v, extra=()):
+        out, lse = attention_forward(q.float(), k.float(), v.float(), causal, softmax_scale, deterministic,
+                                     window_size, softcap, extra[0] if extra else None)
         return out.to(torch.bfloat16), lse
 
-    def backward(q, k, v, out, lse, dout, dlse):
+    def backward(q, k, v, out, lse, dout, dlse, extra=()):
         dout = None if dout is None else dout.float()
         grads = attention_backward(dout, q.float(), k.float(), v.float(), out.float(), lse, dlse, causal,
-                                   softmax_scale, deterministic)
+                                   softmax_scale, deterministic, window_size, softcap, extra[0] if extra else None)
         return tuple(g.to(torch.bfloat16) for g in grads)
     return _Plan(run, forward, backward)
 
@@ -233,49 +299,56 @@ def _built_at_first_call(build):
     return f
 
 
-def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool):
-    """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) for one call signature of attention: a plan for each
+def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool, variant_args: dict | None):
+    """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra) for one call signature of attention (its variant
+    arguments `variant_args`, `checks.variant_args`; extra: the call's variant tensors): a plan for each
     layout of out (fresh from the forward, or a slice of a larger output: ring attention's steps) and of the
     incoming gradients (dout's strides, dtype and alignment; dlse's presence and alignment), made at its first
     call. q, k, v are laid out and aligned as the signature's; lse is contiguous; dq, dk, dv are fresh."""
     plans = {}
 
-    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
+    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra):
         key = (out.stride(), out.data_ptr() & 15, dout.stride(), dout.dtype, dout.data_ptr() & 15,
                None if dlse is None else dlse.data_ptr() & 15)
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = variant.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse)
-        plan(q, k, v, out, lse, dout, dq, dk, dv, dlse)
+            plan = plans[key] = variant.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse,
+                                                      variant=variant_args)
+        plan(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra)
     return backward
 
 
 class _Attention(torch.autograd.Function):
-    """Forward and backward of one call signature's plan; saves q, k, v, out and lse."""
+    """Forward and backward of one call signature's plan; saves q, k, v, out, lse and the call's variant tensors
+    (ALiBi's slopes: no gradient)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan):
-        out, lse = plan.forward(q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, plan, *extra):
+        out, lse = plan.forward(q, k, v, extra)
+        ctx.save_for_backward(q, k, v, out, lse, *extra)
         ctx.plan = plan
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return *ctx.plan.backward(*ctx.saved_tensors, dout, dlse), None
+        q, k, v, out, lse, *extra = ctx.saved_tensors
+        return *ctx.plan.backward(q, k, v, out, lse, dout, dlse, tuple(extra)), None, *(None for _ in extra)
 
 
 DISPATCHER = Dispatcher()
 
 
-def explain(q, k, v, *, causal=False, deterministic=False) -> str:
-    """Which forward and backward variants `attention(q, k, v, causal=causal)` runs, where they come
+def explain(q, k, v, *, causal=False, deterministic=False, window_size=_NO_WINDOW, softcap=_NO_SOFTCAP,
+            alibi_slopes=None) -> str:
+    """Which forward and backward variants `attention(q, k, v, causal=causal, ...)` runs, where they come
     from and why. Lines of the backward start with 'bwd', those of the forward with 'fwd'."""
     from autoflash.tune import on_miss
 
     q, k, v = _checked(q, k, v)
-    problem = Problem.from_tensors(q, k, causal)
+    slopes = checks.checked_slopes(alibi_slopes, q)
+    problem = Problem.from_tensors(q, k, causal, checks.checked_window(window_size),
+                                   checks.checked_softcap(softcap) > 0, slopes is not None)
     gpu = gpus.current(q.device)
     lines = [f"problem:     {problem.label()} ({problem.key()})", f"gpu:         {gpu.name} (family {gpu.family})"]
     for direction in ("fwd", "bwd"):

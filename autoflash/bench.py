@@ -11,6 +11,7 @@ import autoflash
 from autoflash.problem import Problem
 from autoflash.reference import sdpa_attention
 from autoflash.tune.timing import backward_ms, input_sets, median_ms
+from autoflash.tune.trial import variant_kwargs
 
 # Plain SDPA first (no backend forced: what a user gets without autoflash; cuDNN on the H100), then each backend.
 SDPA_BACKENDS = {"sdpa": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -18,6 +19,10 @@ SDPA_BACKENDS = {"sdpa": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_c
 
 
 def _sdpa(backend, p: Problem):
+    if p.gates():
+        def refuse(q, k, v):
+            raise ValueError(f"SDPA has no {', '.join(sorted(p.gates()))}")
+        return refuse
     if backend is None:
         return lambda q, k, v: sdpa_attention(q, k, v, p.causal)
 
@@ -33,7 +38,8 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd") -> l
     per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
     sets = [p.random_inputs(device, seed, with_dout=direction == "bwd")
             for seed in range(input_sets(per_set * (2 if direction == "bwd" else 1), device))]
-    implementations = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal)}
+    variants = variant_kwargs(p, device)
+    implementations = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal, **variants)}
     implementations.update({name: _sdpa(backend, p) for name, backend in SDPA_BACKENDS.items()})
     rows = []
     for name, fn in implementations.items():
@@ -46,7 +52,7 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd") -> l
                              error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
         torch.cuda.empty_cache()
     q, k, v = sets[0][:3]
-    rows[0]["explain"] = autoflash.explain(q, k, v, causal=p.causal)
+    rows[0]["explain"] = autoflash.explain(q, k, v, causal=p.causal, **variants)
     return rows
 
 
@@ -61,11 +67,13 @@ def precompile(problems: list[Problem], direction: str, workers: int) -> None:
 
 def _run_once(p: Problem, direction: str) -> None:
     inputs = p.random_inputs(torch.device("cuda"), 0, with_dout=direction == "bwd")
+    variants = variant_kwargs(p, torch.device("cuda"))
     if direction == "fwd":
-        autoflash.attention(*inputs, causal=p.causal)
+        autoflash.attention(*inputs, causal=p.causal, **variants)
     else:
         q, k, v, dout = inputs
-        autoflash.attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), causal=p.causal).backward(dout)
+        autoflash.attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), causal=p.causal,
+                            **variants).backward(dout)
     torch.cuda.synchronize()
 
 

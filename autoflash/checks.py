@@ -131,3 +131,81 @@ def out_checker(q, k, v, out):
             raise RuntimeError("attention(..., out=...) is not differentiable, and q, k or v requires grad: "
                                "leave out=None, or call under torch.no_grad()")
     return check
+
+
+def checked_window(window_size) -> tuple[int, int]:
+    """flash-attn's window_size: (left, right) integers, each -1 (unbounded) or at least 0."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or \
+            any(isinstance(w, bool) or not isinstance(w, numbers.Integral) for w in window_size):
+        raise TypeError(f"window_size must be a pair of integers (left, right), -1 for unbounded, got "
+                        f"{_shown(window_size)}")
+    left, right = (int(w) for w in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size {(left, right)}: each side must be -1 (unbounded) or a number of keys >= 0")
+    return left, right
+
+
+def checked_softcap(softcap) -> float:
+    """flash-attn's softcap: a finite number >= 0; None or 0: off (0.0)."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a number (0.0: off), got {_shown(softcap)}")
+    cap = float(softcap)
+    if not 0 <= cap < math.inf:  # (nan fails too)
+        raise ValueError(f"softcap must be finite and >= 0 (0.0: off), got {softcap}")
+    return cap
+
+
+def checked_slopes(alibi_slopes, q):
+    """flash-attn's alibi_slopes for q: None, or a float32 tensor of shape (heads_q,) or (batch, heads_q) on q's
+    device with last stride 1."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    batch, heads_q = q.shape[:2]
+    if tuple(alibi_slopes.shape) not in ((heads_q,), (batch, heads_q)):
+        raise ValueError(f"alibi_slopes must have shape ({heads_q},) or ({batch}, {heads_q}) (heads_q, or batch x "
+                         f"heads_q), got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.dtype != torch.float32 or alibi_slopes.device != q.device:
+        raise TypeError(f"alibi_slopes must be float32 on q's device ({q.device}), got {alibi_slopes.dtype} on "
+                        f"{alibi_slopes.device}: pass alibi_slopes.to(q.device, torch.float32)")
+    if alibi_slopes.stride(-1) != 1:
+        raise ValueError(f"alibi_slopes must have last stride 1, got strides {alibi_slopes.stride()}: pass "
+                         "alibi_slopes.contiguous()")
+    return alibi_slopes
+
+
+def canonical_window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple[bool, tuple[int, int]]:
+    """(causal, window) of the same mask in one form: a side whose bound reaches every key is unbounded (-1);
+    causal masking sets the right bound to 0, which the causal flag carries (window right -1); a right bound of 0
+    alone is causal masking. So equal masks give equal problems, and a window that masks nothing is none."""
+    left, right = window_size
+    if left >= seqlen_k - 1:
+        left = -1
+    if right >= seqlen_q - 1 or causal:
+        right = -1
+    if right == 0:
+        causal, right = True, -1
+    return causal, (left, right)
+
+
+def variant_args(causal: bool, window: tuple[int, int], seqlen_q: int, seqlen_k: int, softcap: float,
+                 alibi_slopes) -> dict | None:
+    """The `variant` of the fixed variants' plans (templates/tl/launch_window_softcap_alibi.py) for a call with a
+    canonical window (`canonical_window`), softcap (0.0: off) and alibi_slopes (or None); None for a plain call. An
+    unbounded window side is passed as seqlen_q + seqlen_k keys (past every key), the right side as 0 under causal
+    masking."""
+    args, tensors = {}, {}
+    if window != (-1, -1):
+        unbounded = seqlen_q + seqlen_k
+        left, right = window
+        args.update(window_left=unbounded if left == -1 else left,
+                    window_right=0 if causal else unbounded if right == -1 else right)
+    if softcap:
+        args["softcap"] = softcap
+    if alibi_slopes is not None:
+        tensors = {"Alibi": alibi_slopes}
+        args["stride_alibi_b"] = 0 if alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
+    return dict(tensors=tensors, args=args) if args else None

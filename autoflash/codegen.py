@@ -8,6 +8,7 @@ deterministic: the same knobs and templates give the same bytes.
 
 import hashlib
 import importlib.util
+import itertools
 import os
 import re
 import sys
@@ -45,11 +46,13 @@ def template_fingerprint(family: str, direction: str = "fwd", variants: frozense
     templates leaves a plain problem's fingerprint, and its tuned records, as they were. Records and cached
     kernels of other template text are never used."""
     unused = frozenset(VARIANTS) - variants
-    others = [d for d in families.DIRECTIONS if d != direction] + [name.lower() for name in unused]
+    others = [d for d in families.DIRECTIONS if d != direction]
     root = data_dir("templates")
     digest = hashlib.sha256()
     for path in sorted([*(root / "common").iterdir(), *(root / family).iterdir()]):
-        if path.is_file() and not any(f"_{d}." in path.name for d in others):
+        # (a file named for variants, launch_window_softcap_alibi.py, counts for problems using one of them)
+        named = {part.upper() for part in re.split(r"[_.]", path.name)} & set(VARIANTS)
+        if path.is_file() and not any(f"_{d}." in path.name for d in others) and not (named and named <= unused):
             content = path.read_bytes()
             if path.name.endswith(".jinja"):
                 content = _ungated(content.decode(), unused).encode()
@@ -65,33 +68,57 @@ def _ungated(text: str, unused: frozenset[str]) -> str:
     """Template `text` as a problem without the `unused` variants sees it: each `{% if NAME %}...{% else %}...
     {% endif %}` on one of them replaced by its else part, each `{% if not NAME %}` block by its body. A tag alone
     on its line goes with its line, as trim_blocks and lstrip_blocks render it: text without gates is returned
-    unchanged, so its fingerprint does not move when a gated block is added."""
-    while True:
-        tags = list(_TAG.finditer(text))
-        start = next((n for n, tag in enumerate(tags) if tag[1] == "if" and tag[3] in unused), None)
-        if start is None:
-            return text
-        if tags[start][4].strip():
-            raise ValueError(f"a variant gate tests one name: {tags[start][0].strip()} (nest the blocks)")
-        depth, middle = 0, None
-        for n in range(start, len(tags)):
-            kind = tags[n][1]
-            depth += {"if": 1, "endif": -1}.get(kind, 0)
-            if depth == 1 and kind == "elif":
-                raise ValueError(f"a variant gate takes no elif: {tags[start][0].strip()} (nest the blocks)")
-            if depth == 1 and kind == "else":
-                middle = tags[n]
-            if depth == 0:
-                end = tags[n]
-                break
-        else:
-            raise ValueError(f"no endif for {tags[start][0].strip()}")
-        head = tags[start]
-        if head[2]:  # {% if not NAME %}: the body
-            kept = text[head.end():(middle or end).start()]
-        else:
-            kept = text[middle.end():end.start()] if middle else ""
-        text = text[:head.start()] + kept + text[end.end():]
+    unchanged, so its fingerprint does not move when a gated block is added. One pass over the tags."""
+    out, pos = [], 0
+    frames = []  # per open if: [gated, this branch kept] (a plain if's branches are all kept)
+
+    def shown():
+        return all(kept for _, kept in frames)
+
+    for tag in _TAG.finditer(text):
+        kind, negated, name, rest = tag[1], bool(tag[2]), tag[3], tag[4]
+        if shown():
+            out.append(text[pos:tag.start()])
+        pos = tag.end()
+        if kind == "if":
+            gated = name in unused
+            if gated and rest.strip():
+                raise ValueError(f"a variant gate tests one name: {tag[0].strip()} (nest the blocks)")
+            if not gated and shown():
+                out.append(tag[0])
+            frames.append([gated, negated if gated else True])
+        elif not frames:
+            raise ValueError(f"{tag[0].strip()} without an if")
+        elif frames[-1][0] and kind == "elif":
+            raise ValueError(f"a variant gate takes no elif: {tag[0].strip()} (nest the blocks)")
+        elif frames[-1][0] and kind == "else":
+            frames[-1][1] = not frames[-1][1]
+        elif kind == "endif":
+            gated, _ = frames.pop()
+            if not gated and shown():
+                out.append(tag[0])
+        elif shown():
+            out.append(tag[0])
+    if any(gated for gated, _ in frames):
+        raise ValueError("no endif for a variant gate")
+    if shown():
+        out.append(text[pos:])
+    return "".join(out)
+
+
+@lru_cache(maxsize=None)
+def every_current_fingerprint(direction: str = "fwd") -> frozenset[tuple[str, str]]:
+    """(family, fingerprint) of every family's current `direction` kernels, for every set of variants: a record
+    under one is current where it is its problem's (`is_current`)."""
+    return frozenset((f.name, template_fingerprint(f.name, direction, frozenset(used)))
+                     for f in families.implementing(direction)
+                     for n in range(len(VARIANTS) + 1) for used in itertools.combinations(VARIANTS, n))
+
+
+def is_current(fingerprint: str, family: str, direction: str, variants: frozenset[str]) -> bool:
+    """Whether a record under `fingerprint` was measured on the kernels `family` renders now for a problem using
+    `variants` (a window problem's record under the plain kernels' fingerprint is not)."""
+    return fingerprint == template_fingerprint(family, direction, variants)
 
 
 def current_fingerprints(direction: str = "fwd", variants: frozenset[str] = frozenset()) -> dict[str, str]:
@@ -126,6 +153,10 @@ def kernel_key(knobs: Knobs, variants: frozenset[str] = frozenset()) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+# The launcher part (templates/<family>/launch_<part>.py) of the fixed variants' plans (window, softcap, ALiBi).
+FIXED_VARIANTS = "window_softcap_alibi"
+
+
 class Variant:
     """A rendered variant: its kernels (`kernels`, the imported module) and its family's launcher, which gets
     the knobs as data. `forward_plan`/`backward_plan` compile for one call signature and return what launches
@@ -135,16 +166,26 @@ class Variant:
         self.knobs, self.kernels, self.launcher = knobs, kernels, launcher(knobs.family, knobs.DIRECTION)
         self._data = knobs.as_point()
 
-    def forward_plan(self, q, k, v, out, lse, softmax_scale: float, causal: bool, compile=compile_launch):
-        """forward(q, k, v, out, lse) for every call shaped like this one (lse given or None alike)."""
-        return self.launcher.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile)
+    def forward_plan(self, q, k, v, out, lse, softmax_scale: float, causal: bool, compile=compile_launch,
+                     variant=None):
+        """forward(q, k, v, out, lse, *variant tensors) for every call shaped like this one (lse given or None
+        alike); `variant`: the kernels' variant arguments (`checks.variant_args`), None for a plain call."""
+        if variant is None:
+            return self.launcher.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal,
+                                              compile)
+        return launcher(self.knobs.family, FIXED_VARIANTS).forward_plan(
+            self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile, variant)
 
     def backward_plan(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse,
-                      compile=compile_launch):
-        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse) for every call shaped like this one (dlse given or
-        None alike)."""
-        return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
-                                           softmax_scale, causal, dlse, compile)
+                      compile=compile_launch, variant=None):
+        """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *variant tensors) for every call shaped like this
+        one (dlse given or None alike)."""
+        if variant is None:
+            return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
+                                               softmax_scale, causal, dlse, compile)
+        return launcher(self.knobs.family, FIXED_VARIANTS).backward_plan(
+            self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile,
+            variant)
 
     def varlen_forward_plan(self, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale: float,
                             causal: bool, pages=None, compile=compile_launch):
@@ -161,15 +202,17 @@ class Variant:
         return launcher(self.knobs.family, "varlen").varlen_backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
                                                   cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, dlse, compile)
 
-    def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+    def forward(self, q, k, v, out, lse, softmax_scale: float, causal: bool, variant=None) -> None:
         """Launch the forward once. q, out: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k,
         head_dim), each with unit last stride; lse: fp32 (batch, heads_q, seqlen_q), contiguous, or None."""
-        self.forward_plan(q, k, v, out, lse, softmax_scale, causal)(q, k, v, out, lse)
+        self.forward_plan(q, k, v, out, lse, softmax_scale, causal, variant=variant)(
+            q, k, v, out, lse, *(variant or {}).get("tensors", {}).values())
 
-    def backward(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse=None) -> None:
+    def backward(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse=None,
+                 variant=None) -> None:
         """Launch the backward once: writes dq, dk, dv (shaped like q, k, v) from the forward's out and lse."""
-        self.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse)(
-            q, k, v, out, lse, dout, dq, dk, dv, dlse)
+        self.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, variant=variant)(
+            q, k, v, out, lse, dout, dq, dk, dv, dlse, *(variant or {}).get("tensors", {}).values())
 
 
 def cache_dir() -> Path:

@@ -58,12 +58,16 @@ def read_records(url: str, gpu_family: str, direction: str = "fwd") -> list[Reco
     """Best `direction` records of `gpu_family` under every kernel family's current templates in the database
     at `url`, the fastest variant of each problem first (malformed rows skipped: db/base.py)."""
     try:
-        best = records.best_trials(url, gpu_family, direction, codegen.current_fingerprints(direction).values())
+        best = records.best_trials(url, gpu_family, direction,
+                                   {fingerprint for _, fingerprint in codegen.every_current_fingerprint(direction)})
     except StoreError as e:
         warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
         return []
-    return sorted((Record(b.problem, families.knobs_from_json(direction, b.knobs), b.median_ms, b.tflops)
-                   for b in best), key=lambda r: r.median_ms)
+    chosen = [(b.problem, families.knobs_from_json(direction, b.knobs), b) for b in best]
+    return sorted((Record(problem, knobs, b.median_ms, b.tflops) for problem, knobs, b in chosen
+                   # measured on the kernels this problem renders now (a window problem's: with the window's code)
+                   if codegen.is_current(b.fingerprint, knobs.family, direction, problem.gates())),
+                  key=lambda r: r.median_ms)
 
 
 def why_untuned(url: str, problem: Problem, gpu_family: str, direction: str = "fwd") -> str | None:
@@ -71,7 +75,7 @@ def why_untuned(url: str, problem: Problem, gpu_family: str, direction: str = "f
     variant there, per kernel family; None where none says so."""
     try:
         reasons = [(family, records.why_unusable(url, gpu_family, direction, fingerprint, problem.key()))
-                   for family, fingerprint in codegen.current_fingerprints(direction).items()]
+                   for family, fingerprint in codegen.current_fingerprints(direction, problem.gates()).items()]
     except StoreError as e:
         warnings.warn(f"autoflash ignores the tuning database {url}: {e}", stacklevel=2)
         return None

@@ -1,9 +1,11 @@
 """One attention problem: the shape key that tuning, the database and dispatch share."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from autoflash.checks import canonical_window
 
 BWD_FLOP_RATIO = 2.5
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -12,6 +14,8 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 # only the gates its problems use (codegen.template_fingerprint), so a plain problem's kernels, fingerprint and
 # tuned records do not change when a variant is added.
 VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGED")
+# The fields of a plain problem (the shapes, the causal flag, the dtype); the variant fields follow them.
+PLAIN_FIELDS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal", "dtype")
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,38 @@ class Problem:
     # Names of VARIANTS it uses. VARLEN: packed sequences (autoflash.attention_varlen, and the KV-cache entry point):
     # batch counts the sequences, seqlen_q and seqlen_k are the longest ones. PAGED: keys on pages of a cache.
     variants: frozenset[str] = frozenset()
+    # Variants (flash-attn's meanings). window: (left, right) keys either side of the bottom-right diagonal, -1
+    # unbounded, in the canonical form `with_variants` gives (the causal flag carries a right bound of 0). The
+    # window changes the work, so its sizes are part of the problem; the softcap value and the ALiBi slopes are
+    # data of each call (one tuned kernel serves every value): only whether they are used is.
+    window: tuple[int, int] = (-1, -1)
+    softcap: bool = False
+    alibi: bool = False
 
     @classmethod
-    def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, causal: bool) -> "Problem":
+    def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, causal: bool, window_size=(-1, -1), softcap=False,
+                     alibi=False) -> "Problem":
         batch, heads_q, seqlen_q, head_dim = q.shape
         return cls(batch, heads_q, k.shape[1], seqlen_q, k.shape[2], head_dim, bool(causal),
-                   str(q.dtype).removeprefix("torch."))
+                   str(q.dtype).removeprefix("torch.")).with_variants(window_size, bool(softcap), bool(alibi))
+
+    def with_variants(self, window_size=(-1, -1), softcap: bool = False, alibi: bool = False) -> "Problem":
+        """This problem with flash-attn's window_size (left, right) in canonical form (`checks.canonical_window`:
+        a window that masks nothing is none, so such a call is a plain problem with its tuned records), softcap
+        and alibi."""
+        causal, window = canonical_window(self.causal, window_size, self.seqlen_q, self.seqlen_k)
+        return replace(self, causal=causal, window=window, softcap=softcap, alibi=alibi)
+
+    def gates(self) -> frozenset[str]:
+        """The variants this problem uses, as names of VARIANTS: the Jinja gates its kernels are rendered with
+        (`variants`, and WINDOW, SOFTCAP, ALIBI where the fields say)."""
+        used = (self.window != (-1, -1), self.softcap, self.alibi)
+        return self.variants | frozenset(name for name, on in zip(VARIANTS, used) if on)
+
+    def bounds(self) -> tuple[int | None, int | None]:
+        """(lowest, highest) offset j - (i + seqlen_k - seqlen_q) of a key j that query i sees; None: unbounded."""
+        left, right = self.window
+        return (None if left == -1 else -left), (0 if self.causal else None if right == -1 else right)
 
     def validate(self) -> "Problem":
         """This problem, if its fields are well formed (as one read from a file or a database must be); else a
@@ -49,26 +79,64 @@ class Problem:
             raise ValueError(f"field 'causal' must be true or false, got {self.causal!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"field 'dtype' must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if type(self.window) is not tuple or len(self.window) != 2 or \
+                any(type(w) is not int or w < -1 for w in self.window):
+            raise ValueError(f"field 'window' must be two integers >= -1 (left, right; -1: unbounded), "
+                             f"got {self.window!r}")
+        if self.with_variants(self.window, self.softcap, self.alibi) != self:
+            raise ValueError(f"field 'window' {self.window} is not in canonical form: build the problem with "
+                             "with_variants()")
+        for name in ("softcap", "alibi"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"field '{name}' must be true or false, got {getattr(self, name)!r}")
         return self
 
     def key(self) -> str:
-        """A stable name, e.g. 'b4-hq32-hkv8-sq2048-sk2048-d128-causal-bfloat16'."""
+        """A stable name, e.g. 'b4-hq32-hkv8-sq2048-sk2048-d128-causal-bfloat16'; variants add their parts
+        ('-varlen', '-paged', '-wl4096' for a window of 4096 keys to the left, '-wr16', '-softcap', '-alibi'), plain
+        problems none."""
         return (f"b{self.batch}-hq{self.heads_q}-hkv{self.heads_kv}-sq{self.seqlen_q}-sk{self.seqlen_k}"
                 f"-d{self.head_dim}-{'causal' if self.causal else 'full'}-{self.dtype}"
-                + "".join(f"-{name.lower()}" for name in sorted(self.variants)))
+                + "".join(f"-{name.lower()}" for name in sorted(self.variants))
+                + "".join(f"-{part}" for part in self._variant_parts()))
+
+    def _variant_parts(self) -> list[str]:
+        left, right = self.window
+        return [part for part, used in ((f"wl{left}", left != -1), (f"wr{right}", right != -1),
+                                        ("softcap", self.softcap), ("alibi", self.alibi)) if used]
+
+    def stored_variants(self) -> dict:
+        """The variant fields that differ from a plain problem's, as stored in a database ({} for plain)."""
+        return {name: value for name, value, plain in (("variants", sorted(self.variants), []),
+                                                       ("window", list(self.window), [-1, -1]),
+                                                       ("softcap", self.softcap, False),
+                                                       ("alibi", self.alibi, False)) if value != plain}
+
+    def with_stored_variants(self, stored) -> "Problem":
+        """This problem with the variant fields `stored_variants()` gave (read back from a database: validate it)."""
+        if not isinstance(stored, dict) or set(stored) - {"variants", "window", "softcap", "alibi"}:
+            raise ValueError(f"field 'variants' must map variants, window, softcap, alibi, got {str(stored)[:80]!r}: "
+                             "this record may come from another autoflash version")
+        window, names = stored.get("window", (-1, -1)), stored.get("variants", [])
+        return replace(self, variants=frozenset(names) if isinstance(names, list) else names,
+                       window=tuple(window) if isinstance(window, list) else window,
+                       softcap=stored.get("softcap", False), alibi=stored.get("alibi", False))
 
     def label(self) -> str:
         """Short form for tables: 'b4 h32/8 s2048 d128 causal bf16'."""
         heads = f"{self.heads_q}" if self.heads_q == self.heads_kv else f"{self.heads_q}/{self.heads_kv}"
         lengths = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}/{self.seqlen_k}"
         dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[self.dtype]
-        return f"b{self.batch} h{heads} s{lengths} d{self.head_dim}{' causal' if self.causal else ''} {dtype}"
+        return (f"b{self.batch} h{heads} s{lengths} d{self.head_dim}{' causal' if self.causal else ''} {dtype}"
+                + "".join(f" {part}" for part in self._variant_parts()))
 
     def distance(self, other: "Problem") -> float | None:
-        """Log-scale distance to a problem of the same kind (dtype, head dim, causal flag, GQA ratio): lengths
-        and batch x heads compared in log2; None for a problem of another kind."""
-        kind = (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv)
-        if kind != (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv):
+        """Log-scale distance to a problem of the same kind (dtype, head dim, causal flag, GQA ratio, window,
+        softcap, alibi): lengths and batch x heads compared in log2; None for a problem of another kind."""
+        kind = (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv, self.window, self.softcap,
+                self.alibi)  # (packed sequences' and pages' problems take dense records: `variants` aside)
+        if kind != (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv, other.window,
+                    other.softcap, other.alibi):
             return None
         return sum(abs(math.log2(x) - math.log2(y)) for x, y in (
             (self.seqlen_q, other.seqlen_q), (self.seqlen_k, other.seqlen_k),
@@ -102,11 +170,14 @@ class Problem:
             else (q, k, v)
 
     def visible_pairs(self) -> int:
-        """(query, key) pairs that attend, per (batch, head): bottom-right causal or full."""
-        if not self.causal:
+        """(query, key) pairs that attend, per (batch, head): full, or bottom-right causal and windowed."""
+        low, high = self.bounds()
+        if low is None and high is None:
             return self.seqlen_q * self.seqlen_k
-        offset = self.seqlen_k - self.seqlen_q  # row i sees keys j <= i + offset
-        return sum(max(0, min(self.seqlen_k, i + offset + 1)) for i in range(self.seqlen_q))
+        offset = self.seqlen_k - self.seqlen_q  # row i sees keys i + offset + low <= j <= i + offset + high
+        first = (lambda i: 0) if low is None else (lambda i: max(0, i + offset + low))
+        end = (lambda i: self.seqlen_k) if high is None else (lambda i: min(self.seqlen_k, i + offset + high + 1))
+        return sum(max(0, end(i) - first(i)) for i in range(self.seqlen_q))
 
     def flops(self, direction: str = "fwd") -> float:
         """FLOPs of one pass: the backward counts 2.5 x the forward (five matmuls to the forward's two)."""
@@ -116,8 +187,10 @@ class Problem:
         """FlashAttention-paper count: 4·b·h·sq·sk·d for full attention, the visible half for causal.
 
         The paper counts causal as half of full; we count the pairs that really attend,
-        which equals that for seqlen_q == seqlen_k up to the diagonal.
+        which equals that for seqlen_q == seqlen_k up to the diagonal. A window counts the pairs it sees.
         """
+        if self.window != (-1, -1):
+            return 4.0 * self.batch * self.heads_q * self.visible_pairs() * self.head_dim
         if not self.causal:
             return 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
         if self.seqlen_q == self.seqlen_k:

@@ -17,29 +17,38 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-30)).item()
 
 
-def attention_reference(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64):
-    """Plain attention with the same conventions as `autoflash.attention`.
+def attention_reference(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64, window_size=(-1, -1),
+                        softcap=0.0, alibi_slopes=None):
+    """Attention with the same conventions as `autoflash.attention`, the full score matrix built.
 
     q: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k, head_dim).
+    Variants as in flash-attn: window_size (left, right) keys either side of the bottom-right diagonal (-1:
+    unbounded), softcap (scores s become softcap·tanh(s / softcap); 0: off), alibi_slopes ((heads_q,) or
+    (batch, heads_q): -slope·|i + seqlen_k - seqlen_q - j| added to the scores, after the softcap).
     Returns (out, lse): out like q in `dtype`; lse (batch, heads_q, seqlen_q), natural log.
-    Rows that see no key (bottom-right causal with seqlen_q > seqlen_k) give out 0 and lse -inf.
+    Rows that see no key (bottom-right causal with seqlen_q > seqlen_k, a window beside every key) give out 0
+    and lse -inf.
     """
-    probs, lse, v = _probabilities(q, k, v, causal, softmax_scale, dtype)
+    probs, lse, v, _ = _probabilities(q, k, v, causal, softmax_scale, dtype, window_size, softcap, alibi_slopes)
     return torch.matmul(probs, v), lse
 
 
-def attention_backward_reference(q, k, v, dout, causal=False, softmax_scale=None, dlse=None, dtype=torch.float64):
+def attention_backward_reference(q, k, v, dout, causal=False, softmax_scale=None, dlse=None, dtype=torch.float64,
+                                 window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """(dq, dk, dv) in `dtype`: the gradients of sum(out * dout) + sum(lse * dlse) for attention_reference's
-    (out, lse), by the explicit formulas (dS = P * (dP - rowsum(dO * O) + dlse)); GQA sums dk, dv over
-    the query heads of each KV head."""
+    (out, lse), by the explicit formulas (dS = P * (dP - rowsum(dO * O) + dlse), times 1 - tanh² of the capped
+    scores under softcap); GQA sums dk, dv over the query heads of each KV head."""
     scale = _scale(softmax_scale, q.shape[-1])
-    probs, _, v_rep = _probabilities(q, k, v, causal, softmax_scale, dtype)
+    probs, _, v_rep, capped = _probabilities(q, k, v, causal, softmax_scale, dtype, window_size, softcap,
+                                             alibi_slopes)
     q, dout = q.to(dtype), dout.to(dtype)
     k_rep = k.to(dtype).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     delta = (dout * torch.matmul(probs, v_rep)).sum(-1, keepdim=True)
     if dlse is not None:
         delta = delta - dlse.to(dtype)[..., None]
     ds = probs * (torch.matmul(dout, v_rep.transpose(-1, -2)) - delta)
+    if softcap:
+        ds = ds * (1 - capped ** 2)
     dq = torch.matmul(ds, k_rep) * scale
     dk = torch.matmul(ds.transpose(-1, -2), q) * scale
     dv = torch.matmul(probs.transpose(-1, -2), dout)
@@ -67,23 +76,37 @@ def _scale(softmax_scale, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
 
 
-def _probabilities(q, k, v, causal, softmax_scale, dtype):
-    """(P, lse, v repeated per query head) in `dtype`."""
+def _probabilities(q, k, v, causal, softmax_scale, dtype, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """(P, lse, v repeated per query head, tanh(s / softcap) or None) in `dtype`."""
     scale = _scale(softmax_scale, q.shape[-1])
     group = q.shape[1] // k.shape[1]
     q, k, v = (t.to(dtype) for t in (q, k, v))
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    capped = None
+    if softcap:
+        capped = torch.tanh(scores / softcap)
+        scores = softcap * capped
+    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+    # offset[i, j] = j - (i + seqlen_k - seqlen_q): where key j lies from query i's diagonal
+    offset = torch.arange(seqlen_k, device=q.device)[None, :] - torch.arange(seqlen_q, device=q.device)[:, None] \
+        - (seqlen_k - seqlen_q)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(dtype)
+        slopes = slopes[None, :] if slopes.dim() == 1 else slopes
+        scores = scores - slopes[:, :, None, None] * offset.abs().to(dtype)
+    left, right = window_size
     if causal:
-        seqlen_q, seqlen_k = q.shape[2], k.shape[2]
-        rows = torch.arange(seqlen_q, device=q.device)[:, None]
-        cols = torch.arange(seqlen_k, device=q.device)[None, :]
-        scores = scores.masked_fill(cols > rows + (seqlen_k - seqlen_q), float("-inf"))
+        right = 0
+    if right != -1:
+        scores = scores.masked_fill(offset > right, float("-inf"))
+    if left != -1:
+        scores = scores.masked_fill(offset < -left, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     # A row that sees no key has lse -inf; clamping keeps exp(-inf - lse) at 0 instead of nan.
     probs = torch.exp(scores - lse[..., None].clamp(min=torch.finfo(dtype).min))
-    return probs, lse, v
+    return probs, lse, v, capped
 
 
 def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, dout=None,

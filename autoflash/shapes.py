@@ -6,6 +6,10 @@
 
 heads_kv defaults to heads_q, seqlen_k to seqlen_q, causal to false, dtype to float16. A field given
 as a list expands to a grid: the entry above stands for every combination of its lists.
+
+Attention variants, as autoflash.attention takes them: `window_size: [left, right]` (-1: unbounded; a list of
+pairs is a grid of windows), `softcap: 30.0` (any value > 0 tunes the softcapped kernels: the value is each
+call's data), `alibi: true`.
 """
 
 import itertools
@@ -18,7 +22,8 @@ import yaml
 from autoflash.problem import Problem
 
 REQUIRED = ("batch", "heads_q", "seqlen_q", "head_dim")
-OPTIONAL = {"heads_kv": None, "seqlen_k": None, "causal": False, "dtype": "float16"}
+OPTIONAL = {"heads_kv": None, "seqlen_k": None, "causal": False, "dtype": "float16", "window_size": [-1, -1],
+            "softcap": 0.0, "alibi": False}
 MAX_PROBLEMS = 100_000  # in one file, grids expanded: far more than a tuning run can time
 MAX_ECHO = 300  # characters of the user's input an error message repeats, at most
 
@@ -57,6 +62,15 @@ def _grid(entry, where: str) -> dict[str, list]:
         raise ShapesError(f"{where}: missing field(s) {missing}")
     fields = {name: entry.get(name, OPTIONAL.get(name)) for name in (*REQUIRED, *OPTIONAL)}
     grid = {name: value if isinstance(value, list) else [value] for name, value in fields.items()}
+    window = fields["window_size"]  # a pair, or a list of pairs
+    grid["window_size"] = [window] if isinstance(window, list) and not any(isinstance(w, list) for w in window) \
+        else window if isinstance(window, list) else [window]
+    for value in grid["window_size"]:
+        if not (isinstance(value, list) and len(value) == 2 and
+                all(type(w) is int and w >= -1 for w in value)):
+            raise ShapesError(f"{where}: field 'window_size' must be [left, right] (integers, -1: unbounded) or a "
+                              f"list of such pairs, got {_echo(window)}")
+    grid["window_size"] = [tuple(w) for w in grid["window_size"]]
     for name, values in grid.items():
         if any(isinstance(value, (list, dict, set)) for value in values):
             raise ShapesError(f"{where}: field '{name}' must be a value or a flat list of values, "
@@ -82,8 +96,13 @@ def _expand(grid: dict[str, list], where: str) -> list[Problem]:
 
 
 def _problem(one: dict, where: str) -> Problem:
+    window, softcap, alibi = one.pop("window_size"), one.pop("softcap"), one.pop("alibi")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < float("inf"):
+        raise ShapesError(f"{where}: field 'softcap' must be a number >= 0 (0: off), got {_echo(softcap)}")
+    if type(alibi) is not bool:
+        raise ShapesError(f"{where}: field 'alibi' must be true or false, got {_echo(alibi)}")
     try:
-        problem = Problem(**one).validate()
+        problem = Problem(**one).validate().with_variants(window, softcap > 0, alibi).validate()
     except ValueError as e:
         raise ShapesError(_capped(f"{where}: {e}")) from None
     if not 16 <= problem.head_dim <= 256:

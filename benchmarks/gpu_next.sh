@@ -6,6 +6,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh fwd     $OUT   # retune fwd (tl + gluon), merged
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd     $OUT   # retune bwd, merged
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bench   $OUT   # the FA grid, fwd and bwd, from the new db
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen  $OUT   # packed sequences and KV caches: tests, speed
 # Logs and JSON lines land in $OUT (the device tool brings them back); copy what NOTES cite to benchmarks/results/.
 # A machine may be a fresh one at every call: after fwd and after bwd, copy the returned h100.db over
 # tuning_db/h100.db here before the next step (bwd retunes on top of fwd's records; bench reads both).
@@ -45,7 +46,16 @@ bench)
         echo "bench $mode rc $?"; tail -n 30 "$out/${day}_h100_bench_fa_grid_${mode}.log"
     done
     ;;
+varlen)
+    python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py > "$out/${day}_h100_gpu_tests_varlen.log" 2>&1
+    echo "varlen gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_varlen.log"
+    python benchmarks/varlen.py --out "$out/${day}_h100_varlen.jsonl" > "$out/${day}_h100_varlen.log" 2>&1
+    echo "varlen bench rc $?"; cat "$out/${day}_h100_varlen.log"
+    python benchmarks/kvcache_decode.py --out "$out/${day}_h100_kvcache_decode.jsonl" \
+        > "$out/${day}_h100_kvcache_decode.log" 2>&1
+    echo "kvcache bench rc $?"; cat "$out/${day}_h100_kvcache_decode.log"
+    ;;
 *)
-    echo "steps: check gluon fwd bwd bench" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen" >&2; exit 2
     ;;
 esac

@@ -60,45 +60,63 @@ def _ptxas(ptx: str) -> dict:
                 spill_loads=int(re.search(r"(\d+) bytes spill loads", text).group(1)))
 
 
-def compile_points(out_dir: Path) -> None:
-    import torch
+def rendered(knobs, gates=frozenset()):
+    """The imported module of a variant's kernels, rendered with `gates` (Triton reads a kernel's source file)."""
+    from autoflash import codegen
+
+    source = codegen.render(knobs, variants=gates)
+    path = Path(tempfile.gettempdir()) / f"tl_{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sm90_compiler(compiled: dict):
+    """A launcher's `compile` argument that compiles each kernel for sm_90 into `compiled` (name -> Triton's
+    compiled kernel) and launches nothing."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from autoflash import codegen
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+
+    def compile(kernel, grid, args, options, tensor_count):
+        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+        packed, signature, constexprs, attrs = kernel._pack_args(backend, options, *binder(*args, **options))
+        compiled[kernel.__name__] = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                                                   options=packed.__dict__)
+        return lambda *tensors: None
+    return compile
+
+
+def summary_of(compiled) -> dict:
+    """ptxas's registers and spills and Triton's shared memory of a compiled kernel."""
+    return dict(_ptxas(compiled.asm["ptx"]), shared=compiled.metadata.shared)
+
+
+def compile_points(out_dir: Path) -> None:
+    import torch
+
     from autoflash.families.tl.knobs import FwdKnobs
     from autoflash.resources import launcher
 
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary, tmp = {}, tempfile.mkdtemp()
+    summary = {}
     for change, head_dim, causal in points():
         knobs = FwdKnobs(**change)
         name = "_".join(f"{k}={v}" for k, v in sorted(change.items())) + f"_d{head_dim}_{'causal' if causal else 'full'}"
-        source = codegen.render(knobs)
-        path = Path(tmp) / f"tl_{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"  # Triton reads the file
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
         b, hq, hkv, s = SHAPE["batch"], SHAPE["heads_q"], SHAPE["heads_kv"], SHAPE["seqlen"]
         q, k = torch.empty(b, hq, s, head_dim, dtype=torch.float16), torch.empty(b, hkv, s, head_dim, dtype=torch.float16)
         compiled = {}
-
-        def compile(kernel, grid, args, options, tensor_count):
-            binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-            packed, signature, constexprs, attrs = kernel._pack_args(backend, options, *binder(*args, **options))
-            compiled[kernel.__name__] = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                                                       options=packed.__dict__)
-            return lambda *tensors: None
-        launcher("tl").forward_plan(module, knobs.as_point(), q, k, torch.empty_like(k), torch.empty_like(q),
-                                    torch.empty(b, hq, s), 0.1, causal, compile)
+        launcher("tl").forward_plan(rendered(knobs), knobs.as_point(), q, k, torch.empty_like(k), torch.empty_like(q),
+                                    torch.empty(b, hq, s), 0.1, causal, sm90_compiler(compiled))
         for kernel, c in compiled.items():
             (out_dir / f"{name}.{kernel}.ptx").write_text(c.asm["ptx"])
-            summary[f"{name}.{kernel}"] = dict(_ptxas(c.asm["ptx"]), shared=c.metadata.shared)
+            summary[f"{name}.{kernel}"] = summary_of(c)
             print(name, kernel, summary[f"{name}.{kernel}"], flush=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
 

@@ -19,6 +19,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import MockTensor, create_function_from_signature
 
+from autoflash.problem import VARIANTS  # the plain problem: every variant gate off
+
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -28,7 +30,8 @@ def render(knobs: dict, template: str = "gluon/attn_fwd.py.jinja") -> str:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     return env.get_template(template).render(
         TEMPLATE=template, KNOBS_JSON=str(knobs), FINGERPRINT="test", AUTOFLASH_VERSION="test",
-        TRITON_VERSION=triton.__version__, EXTRA_HEADER=(), **{name.upper(): value for name, value in knobs.items()})
+        TRITON_VERSION=triton.__version__, EXTRA_HEADER=(), **{name: False for name in VARIANTS},
+        **{name.upper(): value for name, value in knobs.items()})
 
 
 def load(knobs: dict, directory: str, template: str = "gluon/attn_fwd.py.jinja"):

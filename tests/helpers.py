@@ -28,8 +28,9 @@ def poisoned_outputs(q):
     return out, lse
 
 
-def assert_matches_reference(out, lse, q, k, v, causal, softmax_scale=None):
-    ref_out, ref_lse = attention_reference(q, k, v, causal, softmax_scale)
+def assert_matches_reference(out, lse, q, k, v, causal, softmax_scale=None, **variants):
+    """out and lse against the fp64 reference; `variants`: window_size, softcap, alibi_slopes as it takes them."""
+    ref_out, ref_lse = attention_reference(q, k, v, causal, softmax_scale, **variants)
     assert not torch.isnan(out).any(), "output has NaN (an element was not written, or the math broke)"
     err = relative_error(out, ref_out)
     assert err < TOLERANCE[q.dtype], f"output relative error {err:.2e} > {TOLERANCE[q.dtype]:.0e}"
@@ -44,22 +45,24 @@ def assert_matches_reference(out, lse, q, k, v, causal, softmax_scale=None):
 
 
 def assert_gradients_match(q, k, v, causal, softmax_scale=None, with_lse=False, deterministic=False, seed=1,
-                           dout_transposed=False, attention=None):
+                           dout_transposed=False, attention=None, **variants):
     """Backpropagate random dout (and dlse) through `attention` (default autoflash.attention); compare dq, dk, dv
-    with the fp64 reference. `dout_transposed`: dout laid out (batch, seqlen, heads, dim). Returns the gradients."""
+    with the fp64 reference. `dout_transposed`: dout laid out (batch, seqlen, heads, dim); `variants`: window_size,
+    softcap, alibi_slopes. Returns the gradients."""
     import autoflash
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     gen = torch.Generator(device="cpu").manual_seed(seed)
     out, lse = (attention or autoflash.attention)(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                                                  deterministic=deterministic)
+                                                  deterministic=deterministic, **variants)
     b, h, s, d = out.shape
     dout = (torch.randn((b, s, h, d), generator=gen).transpose(1, 2) if dout_transposed
             else torch.randn(out.shape, generator=gen)).to(out)
     dlse = torch.randn(lse.shape, generator=gen).to(lse) if with_lse else None
     outputs, grads = ((out, lse), (dout, dlse)) if with_lse else ((out,), (dout,))
     torch.autograd.backward(outputs, grads)
-    expected = attention_backward_reference(q.detach(), k.detach(), v.detach(), dout, causal, softmax_scale, dlse)
+    expected = attention_backward_reference(q.detach(), k.detach(), v.detach(), dout, causal, softmax_scale, dlse,
+                                            **variants)
     for name, t, ref in zip(("dq", "dk", "dv"), (q, k, v), expected):
         assert t.grad is not None and not torch.isnan(t.grad).any(), f"{name} is missing or holds NaN"
         assert t.grad.stride() == t.stride() or not t.is_contiguous(), f"{name} lost its layout"

@@ -195,3 +195,19 @@ def test_a_gpu_without_records_runs_defaults_with_one_notice(tuned_db, monkeypat
 def test_gpu_families_tell_apart_what_changes_the_winners(name, multiprocessors, family):
     from autoflash.gpu import family_of
     assert family_of(name, multiprocessors) == family
+
+
+def test_variant_records_count_under_their_own_kernels_fingerprint(tmp_path):
+    """A window problem's records were measured on kernels with the window's code: dispatch reads those recorded
+    under the window's fingerprint, not one recorded under the plain kernels' (its window code was not counted)."""
+    url = f"sqlite:///{tmp_path / 'user.db'}"
+    store = Store(url)
+    window = BASE.with_variants(window_size=(256, 0))
+    window_fingerprint = codegen.template_fingerprint("tl", "fwd", window.gates())
+    assert window_fingerprint != codegen.template_fingerprint("tl", "fwd")
+    record(store, H100, window, FAST, 1.0)  # under the plain fingerprint: not this problem's kernels
+    record(store, H100, window, NEAR, 2.0, fingerprint=window_fingerprint)
+    record(store, H100, BASE, ELSEWHERE, 0.5)
+    store.close()
+    found = {(r.problem, r.knobs) for r in dispatch.read_records(url, "h100")}
+    assert found == {(window, NEAR), (BASE, ELSEWHERE)}

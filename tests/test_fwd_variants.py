@@ -103,9 +103,17 @@ def one_tile_each(knobs_list):
 SMALL_VARIANTS = one_tile_each(list(variants(SMALL_BLOCKS, SMALL_BLOCKS)))
 
 
-@pytest.mark.parametrize("knobs", SMALL_VARIANTS, ids=str)
-def test_variant_matches_reference(knobs):
-    run_shapes(knobs, SMALL_SHAPES, torch.float16, DEVICE)
+def shapes_in_turn(index: int) -> list:
+    """Three of SMALL_SHAPES for the index-th sampled variant, taken in turn, so that every shape still runs on
+    three fifths of the variants (every one with AUTOFLASH_TEST_ALL=1): the interpreter's time in CI."""
+    if os.environ.get("AUTOFLASH_TEST_ALL", "0") not in ("", "0"):
+        return SMALL_SHAPES
+    return [SMALL_SHAPES[(index + i) % len(SMALL_SHAPES)] for i in range(3)]
+
+
+@pytest.mark.parametrize("index, knobs", list(enumerate(SMALL_VARIANTS)), ids=lambda x: str(x))
+def test_variant_matches_reference(index, knobs):
+    run_shapes(knobs, shapes_in_turn(index), torch.float16, DEVICE)
 
 
 @pytest.mark.parametrize("knobs", [k for k in SMALL_VARIANTS if getattr(k, "pack_gqa", False) and k.block_m == 16],

@@ -44,9 +44,26 @@ def test_every_example_file_loads(path):
     ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64, dtype: fp8}\n", "field 'dtype'"),
     ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64, window: 3}\n", r"unknown field\(s\)"),
     ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 512}\n", "field 'head_dim' must be 16..256"),
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64, window_size: 3}\n",
+     r"field 'window_size' must be \[left, right\]"),
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64, window_size: [-2, 0]}\n",
+     r"field 'window_size' must be \[left, right\]"),
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64, softcap: -1}\n", "field 'softcap' must be a number"),
+    ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64, alibi: 1}\n", "field 'alibi' must be true or false"),
     ("shapes: []\n", "a list under 'problems'"),
     ("problems: [\n", "cannot read"),
 ])
 def test_errors_name_the_entry_and_field(tmp_path, text, message):
     with pytest.raises(ShapesError, match=message):
         load_problems(write(tmp_path, text))
+
+
+def test_variants_and_their_grids(tmp_path):
+    problems = load_problems(write(tmp_path, """problems:
+  - {batch: 1, heads_q: 4, heads_kv: 2, seqlen_q: 64, head_dim: 32, causal: true, window_size: [16, -1], softcap: 30.0,
+     alibi: true}
+  - {batch: 1, heads_q: 4, seqlen_q: 64, head_dim: 32, window_size: [[8, 8], [-1, 0], [100, 100]], softcap: [0, 5]}
+"""))
+    assert [p.key().split("float16")[1] for p in problems] == [
+        "-wl16-softcap-alibi", "-wl8-wr8", "-wl8-wr8-softcap", "", "-softcap", "", "-softcap"]
+    assert problems[3].causal and not problems[5].causal  # a right bound of 0 is causal masking; [100, 100] is none

@@ -27,17 +27,20 @@ CONFIGS = {  # GQA everywhere (4 query heads, 2 KV heads)
     "llama": lambda: LlamaConfig(**SIZES, head_dim=16),
     "mistral": lambda: MistralConfig(**SIZES, head_dim=32),  # sliding_window 4096: longer than any sequence here
     "qwen2": lambda: Qwen2Config(**SIZES),  # head_dim 16 (hidden / heads), biased q, k, v projections
-    # Gemma-2 without its attention softcapping (test_gemma2_softcapping_is_refused), a window of 4 tokens on its
-    # sliding layers (the first of each pair) and query_pre_attn_scalar 64: a scale of 1/8, not 1/sqrt(head_dim).
+    # Gemma-2 without its attention softcapping, a window of 4 tokens on its sliding layers (the first of each
+    # pair) and query_pre_attn_scalar 64: a scale of 1/8, not 1/sqrt(head_dim).
     "gemma2": lambda: Gemma2Config(**SIZES, head_dim=32, attn_logit_softcapping=None, sliding_window=4,
                                    query_pre_attn_scalar=64),
+    # and with its default softcapping (50), which autoflash computes (softcap=)
+    "gemma2_softcap": lambda: Gemma2Config(**SIZES, head_dim=32, sliding_window=4, query_pre_attn_scalar=64),
 }
 # Which layers autoflash runs on an unpadded prompt of PROMPT tokens and the steps after it: all but Gemma-2's
 # sliding layers, whose window (4) is shorter than the sequence, and which SDPA runs with the window's mask.
-AUTOFLASH_LAYERS = {"llama": LAYERS, "mistral": LAYERS, "qwen2": LAYERS, "gemma2": LAYERS // 2}
+AUTOFLASH_LAYERS = {"llama": LAYERS, "mistral": LAYERS, "qwen2": LAYERS, "gemma2": LAYERS // 2,
+                    "gemma2_softcap": LAYERS // 2}
 PROMPT = 7
 # transformers 5 refuses sdpa for Gemma-2 (its default softcapping): eager is its reference.
-REFERENCE = {"gemma2": "eager"}
+REFERENCE = {"gemma2": "eager", "gemma2_softcap": "eager"}
 
 
 def models(name, dtype=torch.float32):
@@ -197,14 +200,6 @@ def test_mask_is_materialised_when_transformers_allows_no_skip():
     """Packed sequences and masks overlaid by the model (images, blocks) come with allow_is_causal_skip=False."""
     mask = autoflash_hf.causal_mask_or_none(batch_size=1, q_length=5, kv_length=5, allow_is_causal_skip=False)
     assert mask.shape == (1, 1, 5, 5) and torch.equal(mask[0, 0], torch.ones(5, 5, dtype=torch.bool).tril())
-
-
-def test_gemma2_softcapping_is_refused():
-    """Gemma-2's default attention softcapping: a clear error until the attention variants land (issue 16)."""
-    model = AutoModelForCausalLM.from_config(Gemma2Config(**SIZES, head_dim=32),
-                                             attn_implementation=autoflash_hf.register()).to(DEVICE).eval()
-    with pytest.raises(ValueError, match=r"softcapping yet \(softcap=50.0; the attention variants, issue 16\)"):
-        model(prompts())
 
 
 def test_dropout_is_refused_and_training_without_it_matches_sdpa(autoflash_calls):

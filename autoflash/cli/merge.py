@@ -13,13 +13,13 @@ from autoflash.cli.common import open_store
 def merge(sources, into_url, standalone, current_only):
     """Copy the trials and baselines of the SOURCES databases (SQLAlchemy URLs or SQLite files) into --into, keeping their
     versions and times; rows already there are not copied twice."""
-    from autoflash.codegen import current_fingerprints
+    from autoflash.codegen import every_current_fingerprint
     from autoflash.families import DIRECTIONS
 
     from autoflash.db.base import StoreError
 
     into = open_store(into_url)
-    fingerprints = {d: set(current_fingerprints(d).values()) for d in DIRECTIONS} if current_only else None
+    fingerprints = {d: {f for _, f in every_current_fingerprint(d)} for d in DIRECTIONS} if current_only else None
     try:
         for source in sources:
             source_store = open_store(source, readonly=True)

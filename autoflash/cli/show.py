@@ -50,25 +50,30 @@ def _opened(db_url):
 
 def _show(store, gpu_family: str) -> bool:
     """Print the tuned problems of `gpu_family` in `store` under the current templates; whether it holds any."""
-    from autoflash.codegen import current_fingerprints
+    from autoflash.codegen import current_fingerprints, every_current_fingerprint, is_current
     from autoflash.families import DIRECTIONS
 
-    fingerprints = [(d, f, fingerprint) for d in DIRECTIONS for f, fingerprint in current_fingerprints(d).items()]
-    named = ", ".join(f"{d} {f} {fingerprint}" for d, f, fingerprint in fingerprints)
+    named = ", ".join(f"{d} {f} {fingerprint}" for d in DIRECTIONS for f, fingerprint in current_fingerprints(d).items())
+    # Every variant set's kernels; a problem's records count under its own set's (is_current).
+    fingerprints = sorted((d, f, fingerprint) for d in DIRECTIONS for f, fingerprint in every_current_fingerprint(d))
     counts: dict[tuple, list[int]] = {}  # (direction, problem) -> [trials, failed], over the families
-    for d, _, fingerprint in fingerprints:
+    for d, family, fingerprint in fingerprints:
         for problem, trials, failed in store.summary(gpu_family, fingerprint, d):
-            total = counts.setdefault((d, problem), [0, 0])
-            total[0], total[1] = total[0] + trials, total[1] + failed
+            if is_current(fingerprint, family, d, problem.gates()):
+                total = counts.setdefault((d, problem), [0, 0])
+                total[0], total[1] = total[0] + trials, total[1] + failed
     if not counts:
         return False
     best, unusable = {}, {}
+    keys = {(d, problem.key()): problem for d, problem in counts}
     for d, family, fingerprint in fingerprints:
         for b in store.best(gpu_family, fingerprint, d):
-            if (d, b.problem) not in best or b.median_ms < best[d, b.problem].median_ms:
+            if is_current(fingerprint, family, d, b.problem.gates()) and \
+                    ((d, b.problem) not in best or b.median_ms < best[d, b.problem].median_ms):
                 best[d, b.problem] = b
         for key, why in store.unusable(gpu_family, fingerprint, d).items():
-            unusable.setdefault((d, key), []).append(f"{family}: {why}")
+            if (d, key) in keys and is_current(fingerprint, family, d, keys[d, key].gates()):
+                unusable.setdefault((d, key), []).append(f"{family}: {why}")
     click.echo(f"{store.url}: GPU family {gpu_family}, templates {named}")
     click.echo(f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8}  best variant")
     for (direction, problem), (trials, failed) in counts.items():

@@ -7,6 +7,7 @@ not describe a well-formed problem, variant and time (heads_kv 0, a dtype nobody
 ok trial without a time) is skipped with one warning per read, never used and never a crash.
 """
 
+import json
 import math
 import sqlite3
 import warnings
@@ -18,8 +19,14 @@ from autoflash._version import __version__
 from autoflash.families import knobs_from_json
 from autoflash.problem import Problem
 
-# Bump on any change of the tables of models.py; a database of another version is refused (SchemaMismatch).
-SCHEMA_VERSION = 1
+# Bump on any change of the tables of models.py, adding the step from the version before; a database of a newer
+# version is refused (SchemaMismatch), one of an older version is brought up to date by the store when it opens it
+# for writing (losslessly: each step only adds), and read as it is otherwise.
+SCHEMA_VERSION = 2
+# version -> the SQL that takes a database of that version to the next
+SCHEMA_STEPS = {
+    1: ("ALTER TABLE autoflash_problems ADD COLUMN variants TEXT NOT NULL DEFAULT '{}'",),  # attention variants
+}
 
 DB_HINT = "--db / $AUTOFLASH_DB"
 _SKIPPED_NAMED = 5  # rows a warning names; the rest are counted
@@ -97,14 +104,14 @@ def connect_readonly(path: str) -> sqlite3.Connection:
 
 def best_per_problem(rows: Iterable[tuple], direction: str, source: str) -> list[BestTrial]:
     """The fastest well-formed ok trial per (problem, fingerprint) of `rows`, each (trial id, batch, heads_q,
-    heads_kv, seqlen_q, seqlen_k, head_dim, causal, dtype, knobs JSON, fingerprint, median_ms, tflops). Malformed
-    rows are skipped, and named in one warning about `source`."""
+    heads_kv, seqlen_q, seqlen_k, head_dim, causal, dtype, variants JSON, knobs JSON, fingerprint, median_ms,
+    tflops). Malformed rows are skipped, and named in one warning about `source`."""
     best: dict[tuple[Problem, str], BestTrial] = {}
     skipped = []
-    for trial_id, *shape, causal, dtype, knobs, fingerprint, median_ms, tflops in rows:
+    for trial_id, *shape, causal, dtype, variants, knobs, fingerprint, median_ms, tflops in rows:
         try:
-            record = BestTrial(_problem(shape, causal, dtype), _knobs(direction, knobs), _time("median_ms", median_ms),
-                               _time("tflops", tflops), fingerprint)
+            record = BestTrial(stored_problem(shape, causal, dtype, variants), _knobs(direction, knobs),
+                               _time("median_ms", median_ms), _time("tflops", tflops), fingerprint)
         except ValueError as e:
             skipped.append(f"trial {trial_id} ({e})")
             continue
@@ -118,10 +125,15 @@ def best_per_problem(rows: Iterable[tuple], direction: str, source: str) -> list
     return list(best.values())
 
 
-def _problem(shape: list, causal, dtype) -> Problem:
+def stored_problem(shape: list, causal, dtype, variants: str) -> Problem:
+    """The problem of a database row (its variants as JSON), validated: else a ValueError naming the field."""
     if causal not in (0, 1) or isinstance(causal, float):  # SQLite stores booleans as 0 and 1
         raise ValueError(f"field 'causal' must be true or false, got {causal!r}")
-    return Problem(*shape, bool(causal), dtype).validate()
+    try:
+        fields = json.loads(variants)
+    except (TypeError, ValueError):
+        raise ValueError(f"field 'variants' must be a JSON object, got {str(variants)[:80]!r}") from None
+    return Problem(*shape, bool(causal), dtype).with_stored_variants(fields).validate()
 
 
 def _knobs(direction: str, text) -> str:

@@ -6,8 +6,9 @@ from datetime import datetime
 from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-# Bump base.SCHEMA_VERSION on any change of the tables below: a database of another version is refused. A new table
-# needs no bump: Store creates it in an older database, and older code never reads it.
+# Bump base.SCHEMA_VERSION on any change of the tables below, with the step that brings a database of the version
+# before it up to date (base.SCHEMA_STEPS); a database of a newer version is refused. A new table needs no bump:
+# Store creates it in an older database, and older code never reads it.
 
 # Trial outcomes. Only "ok" trials are ever chosen. "no_valid_variant" records a problem whose search space
 # is empty (no variant passes knobs.violations()): its variant's knobs are "{}" and its error says why.
@@ -45,6 +46,9 @@ class ProblemRow(Base):
     head_dim: Mapped[int] = mapped_column(Integer)
     causal: Mapped[bool] = mapped_column(Boolean)
     dtype: Mapped[str] = mapped_column(String(16))
+    # Problem.stored_variants() as JSON, "{}" for a plain problem (schema 2). Deferred: a schema-1 database, read-only,
+    # has no such column and is read without it (Store._problem_of).
+    variants: Mapped[str] = mapped_column(Text, default="{}", server_default="{}", deferred=True)
 
 
 class VariantRow(Base):

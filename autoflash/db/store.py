@@ -8,6 +8,7 @@ Its methods return plain dataclasses (db/base.py), never ORM rows, and raise Sto
 """
 
 import functools
+import json
 import os
 import platform
 import socket
@@ -18,20 +19,20 @@ from pathlib import Path
 
 import torch
 import triton
-from sqlalchemy import (URL, Integer, case, create_engine, delete, event, func, inspect, select, type_coerce,
-                        update)
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy import (URL, Integer, case, create_engine, delete, event, func, inspect, literal, select, text,
+                        type_coerce, update)
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.orm import Session, undefer
 
 from autoflash._version import __version__
-from autoflash.db.base import (DB_HINT, SCHEMA_VERSION, BestTrial, SchemaMismatch, StoreError, Trial,
+from autoflash.db.base import (DB_HINT, SCHEMA_STEPS, SCHEMA_VERSION, BestTrial, SchemaMismatch, StoreError, Trial,
                                best_per_problem, cannot_open, connect_readonly, missing_driver, no_tables,
-                               schema_mismatch, unusable_reasons)
+                               schema_mismatch, stored_problem, unusable_reasons)
 from autoflash.db.models import (STATUSES, Base, BaselineRow, ClaimRow, GpuRow, ProblemClaimRow, ProblemRow,
                                  SchemaVersion, TrialRow, VariantRow)
 from autoflash.db.urls import as_url, default_url, sqlite_path
 from autoflash.gpu import Gpu
-from autoflash.problem import Problem
+from autoflash.problem import PLAIN_FIELDS, Problem
 
 
 BUSY_TIMEOUT_S = 120  # how long a SQLite writer waits for another process's write to finish
@@ -94,6 +95,7 @@ class Store:
         """The database `db` (a URL or a SQLite file path; default: default_url()); `readonly` never writes."""
         self.url = as_url(db) if db else default_url()
         self.engine = make_engine(self.url, readonly)
+        self.version = SCHEMA_VERSION  # an older one where a read-only store reads a database as it is
         try:
             self._ensure_schema(readonly)
         except BaseException:
@@ -123,6 +125,12 @@ class Store:
             with Session(self.engine) as s:
                 versions = s.scalars(select(SchemaVersion.version)).all() if SchemaVersion.__tablename__ in tables \
                     else []
+            if len(versions) == 1 and versions[0] in SCHEMA_STEPS:
+                if readonly:
+                    self.version = versions[0]
+                    return
+                self._upgrade(versions[0])
+                continue
             if versions == [SCHEMA_VERSION]:
                 if not readonly:
                     Base.metadata.create_all(self.engine)  # tables added in this version, if any
@@ -133,6 +141,17 @@ class Store:
         raise SchemaMismatch(f"the database {self.url}: the autoflash tables did not appear; point {DB_HINT} at a "
                              "new database")
 
+    def _upgrade(self, version: int):
+        """Take the database from `version` to SCHEMA_VERSION, step by step, in one transaction (a process that
+        loses the race to do it finds it done)."""
+        with self.engine.begin() as connection:
+            if connection.execute(select(SchemaVersion.version)).scalars().all() != [version]:
+                return
+            for step in range(version, SCHEMA_VERSION):
+                for statement in SCHEMA_STEPS[step]:
+                    connection.execute(text(statement))
+            connection.execute(update(SchemaVersion).values(version=SCHEMA_VERSION))
+
     def _create_schema(self):
         """The tables and the version row in one transaction; a process that loses the race to create
         them finds them made."""
@@ -142,7 +161,7 @@ class Store:
                 connection.execute(SchemaVersion.__table__.insert().values(version=SCHEMA_VERSION))
         except IntegrityError:
             pass
-        except OperationalError as e:
+        except (OperationalError, ProgrammingError) as e:
             if "already exists" not in str(e):
                 raise
 
@@ -156,9 +175,10 @@ class Store:
         for attempt in range(5):
             try:
                 return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
-            except (IntegrityError, OperationalError):
-                # Two processes creating Optuna's tables at once: the loser finds them made.
-                if attempt == 4:
+            except (IntegrityError, OperationalError, ProgrammingError) as e:
+                # Two processes creating Optuna's tables at once: the loser finds them made (PostgreSQL names a
+                # type or table that "already exists").
+                if attempt == 4 or (isinstance(e, ProgrammingError) and "already exists" not in str(e)):
                     raise
                 time.sleep(0.5 * (attempt + 1))
 
@@ -181,9 +201,9 @@ class Store:
                                    dict(multiprocessors=gpu.multiprocessors))
 
     def _problem(self, s, p: Problem) -> ProblemRow:
-        # (a problem's variants are in its key alone: the table has no column for them yet)
-        shape = {name: value for name, value in p.__dict__.items() if name != "variants"}
-        return self._get_or_create(s, ProblemRow, dict(key=p.key()), shape)
+        return self._get_or_create(s, ProblemRow, dict(key=p.key()),
+                                   dict({name: getattr(p, name) for name in PLAIN_FIELDS},
+                                        variants=json.dumps(p.stored_variants(), sort_keys=True)))
 
     def _variant(self, s, knobs_json: str, fingerprint: str, direction: str) -> VariantRow:
         return self._get_or_create(s, VariantRow, dict(direction=direction, knobs=knobs_json, fingerprint=fingerprint))
@@ -312,7 +332,10 @@ class Store:
                     if fingerprints is not None and model is TrialRow and \
                             row.variant.fingerprint not in fingerprints.get(row.variant.direction, ()):
                         continue
-                    ids = dict(gpu=self._gpu(s, _gpu_of(row.gpu)), problem=self._problem(s, _problem_of(row.problem)))
+                    problem = source._problem_of(row.problem)
+                    if problem is None:  # malformed: never used, not copied
+                        continue
+                    ids = dict(gpu=self._gpu(s, _gpu_of(row.gpu)), problem=self._problem(s, problem))
                     if model is TrialRow:
                         ids["variant"] = self._variant(s, row.variant.knobs, row.variant.fingerprint, row.variant.direction)
                     seen = select(model.id).filter_by(**{f"{k}_id": v.id for k, v in ids.items()},
@@ -363,7 +386,7 @@ class Store:
         """Per tuned problem: its fastest ok trial (malformed rows skipped with a warning: base.best_per_problem)."""
         columns = (TrialRow.id, ProblemRow.batch, ProblemRow.heads_q, ProblemRow.heads_kv, ProblemRow.seqlen_q,
                    ProblemRow.seqlen_k, ProblemRow.head_dim, type_coerce(ProblemRow.causal, Integer),  # as stored
-                   ProblemRow.dtype, VariantRow.knobs,
+                   ProblemRow.dtype, self._variants_column(), VariantRow.knobs,
                    VariantRow.fingerprint, TrialRow.median_ms, TrialRow.tflops)
         with Session(self.engine) as s:
             rows = s.execute(self._trials(family, fingerprint, direction, *columns).where(TrialRow.status == "ok")
@@ -393,9 +416,10 @@ class Store:
                              .join(TrialRow.problem).join(TrialRow.variant).join(TrialRow.gpu)
                              .where(GpuRow.family == family, VariantRow.fingerprint == fingerprint,
                                     VariantRow.direction == direction)
-                             .group_by(ProblemRow.id).order_by(ProblemRow.id)).all()
-        summary = [(_problem_of(p), int(count or 0), int(failed or 0)) for p, count, failed in rows]
-        return [row for row in summary if _well_formed(row[0])]
+                             .group_by(ProblemRow.id).order_by(ProblemRow.id)
+                             .options(*[undefer(ProblemRow.variants)] * (self.version >= 2))).all()
+        summary = [(self._problem_of(p), int(count or 0), int(failed or 0)) for p, count, failed in rows]
+        return [row for row in summary if row[0] is not None]
 
     @_store_errors
     def unusable(self, family: str, fingerprint: str, direction: str = "fwd") -> dict[str, str]:
@@ -426,6 +450,18 @@ class Store:
                                     BaselineRow.backend == backend)
                              .order_by(BaselineRow.id.desc())).first()
 
+    def _variants_column(self):
+        """ProblemRow.variants, or "{}" in a schema-1 database (plain problems only)."""
+        return ProblemRow.variants if self.version >= 2 else literal("{}")
+
+    def _problem_of(self, row: ProblemRow) -> Problem | None:
+        """The problem of a row, None where it is malformed."""
+        try:
+            return stored_problem([getattr(row, name) for name in PLAIN_FIELDS[:6]], int(row.causal), row.dtype,
+                                  row.variants if self.version >= 2 else "{}")
+        except ValueError:
+            return None
+
     @_store_errors
     def count_trials(self, status: str | None = None) -> int:
         with Session(self.engine) as s:
@@ -438,17 +474,7 @@ def _gpu_of(row: GpuRow) -> Gpu:
     return Gpu(row.family, row.name, (int(major), int(minor)), row.multiprocessors, 0, 0)
 
 
-def _problem_of(row: ProblemRow) -> Problem:
-    return Problem(row.batch, row.heads_q, row.heads_kv, row.seqlen_q, row.seqlen_k, row.head_dim, row.causal,
-                   row.dtype)
 
-
-def _well_formed(problem: Problem) -> bool:
-    try:
-        problem.validate()
-    except ValueError:
-        return False
-    return True
 
 
 # A claim older than this is taken for abandoned even where its process cannot be asked (another host): longer

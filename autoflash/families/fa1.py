@@ -33,6 +33,9 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     why = []
     if problem.variants & {"VARLEN", "PAGED"}:
         why.append("packed sequences and paged caches run in the tl family only")
+    if problem.gates() - problem.variants:
+        why.append(f"the fa1 forward has no attention variants "
+                   f"({', '.join(sorted(problem.gates() - problem.variants))}): the tl family runs them")
     if knobs.block_m * knobs.block_n < 128 * knobs.num_warps:
         why.append(f"{knobs.block_m}x{knobs.block_n} tile is too small for {knobs.num_warps} warps")
     if knobs.block_m > max(16, next_power_of_2(problem.seqlen_q)):

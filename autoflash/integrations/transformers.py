@@ -60,10 +60,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       is_causal: bool | None = None, softcap: float | None = None, **kwargs):
     """transformers' attention function: query (batch, heads, seqlen_q, head_dim), key and value
     (batch, heads_kv, seqlen_k, head_dim) -> ((batch, seqlen_q, heads, head_dim) output, None). attention_mask is
-    None when causal_mask_or_none found the mask plain (causal or full, per `is_causal`): autoflash runs."""
-    if softcap is not None:
-        raise ValueError(f"autoflash does not compute attention-logit softcapping yet (softcap={softcap}; the "
-                         "attention variants, issue 16): load this model with attn_implementation='eager'")
+    None when causal_mask_or_none found the mask plain (causal or full, per `is_causal`): autoflash runs, with the
+    model's attention-logit softcapping (Gemma-2's softcap) if any."""
     if dropout:
         raise ValueError(f"autoflash has no attention dropout (dropout={dropout}): call model.eval(), or set "
                          "config.attention_dropout = 0.0 to train")
@@ -75,7 +73,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    out = attention(query, key, value, causal=bool(causal), softmax_scale=scaling)
+    out = attention(query, key, value, causal=bool(causal), softmax_scale=scaling, softcap=softcap)
     # out is laid out like query, which transformers makes as a (batch, seqlen, heads, head_dim) view: no copy then.
     return out.transpose(1, 2).contiguous(), None
 

@@ -176,7 +176,7 @@ def _exact(chosen, problem: Problem) -> bool:
 def _has_trials(store, problem: Problem, gpu: Gpu, direction: str) -> bool:
     """Whether `problem` was tuned (a trial passed) under the current templates: by a tuner that finished between
     this process's first look and its claim, or one that died."""
-    return any(trial.status == "ok" for fingerprint in codegen.current_fingerprints(direction).values()
+    return any(trial.status == "ok" for fingerprint in codegen.current_fingerprints(direction, problem.gates()).values()
                for trial in store.finished(gpu.family, problem, fingerprint, direction).values())
 
 

@@ -11,13 +11,28 @@ from dataclasses import dataclass
 
 import torch
 
-from autoflash import codegen, gpu as gpus
+from autoflash import checks, codegen, gpu as gpus
 from autoflash.families import default_knobs
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.reference import (GRAD_TOLERANCE, TOLERANCE, attention_backward_reference, attention_reference,
                                  relative_error, sdpa_attention)
 from autoflash.tune.timing import backward_ms, input_sets, median_ms
+
+
+# What a variant problem is timed and checked with: a softcap of Gemma 2's attention, ALiBi's slopes for its heads.
+TUNING_SOFTCAP = 50.0
+
+
+def alibi_slopes(heads: int, device) -> torch.Tensor:
+    """ALiBi's slopes (Press et al.): the geometric sequence 2^(-8 i / heads), i = 1..heads."""
+    return torch.tensor([2.0 ** (-8.0 * i / heads) for i in range(1, heads + 1)], dtype=torch.float32, device=device)
+
+
+def variant_kwargs(problem: Problem, device) -> dict:
+    """autoflash.attention's variant arguments for timing `problem` (window_size, softcap, alibi_slopes)."""
+    return dict(window_size=problem.window, softcap=TUNING_SOFTCAP if problem.softcap else 0.0,
+                alibi_slopes=alibi_slopes(problem.heads_q, device) if problem.alibi else None)
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,11 @@ class Bench:
         self.problem, self.direction, self.device, self.load = problem, direction, device, load_function(loader)
         self.scale = 1.0 / math.sqrt(problem.head_dim)
         p = problem
+        # The variants' call-time data, the same for every variant timed.
+        self.reference_variants = variant_kwargs(p, device)
+        softcap, slopes = self.reference_variants["softcap"], self.reference_variants["alibi_slopes"]
+        self.variant = checks.variant_args(p.causal, p.window, p.seqlen_q, p.seqlen_k, softcap, slopes)
+        self.extra = () if slopes is None else (slopes,)
         q_bytes, kv_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim, p.batch * p.heads_kv * p.seqlen_k * p.head_dim
         bytes_per_set = p.element_size * (2 * q_bytes + 2 * kv_bytes) * (2 if direction == "bwd" else 1)
         self.sets = [self._inputs(seed) for seed in range(input_sets(bytes_per_set, device) if measure else 1)]
@@ -71,8 +91,8 @@ class Bench:
             return p.random_inputs(self.device, seed)
         q, k, v, dout = p.random_inputs(self.device, seed, with_dout=True)
         out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32, device=self.device)
-        forward = codegen.load(default_knobs(p, gpus.current(self.device))).forward
-        forward(q, k, v, out, lse, self.scale, p.causal)
+        forward = codegen.load(default_knobs(p, gpus.current(self.device)), p.gates()).forward
+        forward(q, k, v, out, lse, self.scale, p.causal, variant=self.variant)
         return q, k, v, out, lse, dout
 
     def _samples(self):
@@ -85,18 +105,20 @@ class Bench:
         dk and dv of its KV head, from all the query heads of its group)."""
         q, k, v = self.sets[0][:3]
         group = self.problem.heads_q // self.problem.heads_kv
+        slopes = self.reference_variants["alibi_slopes"]
         refs = {}
         for b, h in self._samples():
             hkv = h // group
             kv = (k[b:b + 1, hkv:hkv + 1], v[b:b + 1, hkv:hkv + 1])
+            heads = slice(h, h + 1) if self.direction == "fwd" else slice(hkv * group, (hkv + 1) * group)
+            variants = dict(self.reference_variants, alibi_slopes=None if slopes is None else slopes[heads])
             if self.direction == "fwd":
-                refs[b, h] = tuple(t[0, 0] for t in attention_reference(q[b:b + 1, h:h + 1], *kv,
-                                                                        self.problem.causal, self.scale))
+                refs[b, h] = tuple(t[0, 0] for t in attention_reference(q[b:b + 1, heads], *kv, self.problem.causal,
+                                                                        self.scale, **variants))
             else:
-                heads = slice(hkv * group, (hkv + 1) * group)
                 dout = self.sets[0][5][b:b + 1, heads]
                 dq, dk, dv = attention_backward_reference(q[b:b + 1, heads], *kv, dout, self.problem.causal,
-                                                          self.scale)
+                                                          self.scale, **variants)
                 refs[b, h] = (dq[0, h - hkv * group], dk[0, 0], dv[0, 0])
         return refs
 
@@ -104,16 +126,24 @@ class Bench:
         """launch(i): the variant on input set i (the forward with the log-sum-exp training needs), launched as
         autoflash.attention launches it: compiled once, then started directly (Triton's per-call binding would
         time the host on small problems)."""
+        extra = self.extra
         if self.direction == "fwd":
-            plan = variant.forward_plan(*self.sets[0], self.out, self.lse, self.scale, self.problem.causal)
-            return lambda i: plan(*self.sets[i], self.out, self.lse)
-        plan = variant.backward_plan(*self.sets[0], *self.grads, self.scale, self.problem.causal, None)
-        return lambda i: plan(*self.sets[i], *self.grads, None)
+            plan = variant.forward_plan(*self.sets[0], self.out, self.lse, self.scale, self.problem.causal,
+                                        variant=self.variant)
+            return lambda i: plan(*self.sets[i], self.out, self.lse, *extra)
+        plan = variant.backward_plan(*self.sets[0], *self.grads, self.scale, self.problem.causal, None,
+                                     variant=self.variant)
+        return lambda i: plan(*self.sets[i], *self.grads, None, *extra)
+
+    def _load(self, knobs: Knobs):
+        """The variant of `knobs`, rendered with the problem's gates (a plain problem's loader takes knobs alone)."""
+        gates = self.problem.gates()
+        return self.load(knobs, gates) if gates else self.load(knobs)
 
     def compile(self, knobs: Knobs) -> Outcome:
         """Render, compile and run once: Triton's disk cache then serves the measuring process."""
         try:
-            self._plan(self.load(knobs))(0)
+            self._plan(self._load(knobs))(0)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             return Outcome("ok")
@@ -122,7 +152,7 @@ class Bench:
 
     def measure(self, knobs: Knobs) -> Outcome:
         try:
-            launch = self._plan(self.load(knobs))
+            launch = self._plan(self._load(knobs))
             for t in (self.out, self.lse, *self.grads):
                 t.fill_(float("nan"))
             launch(0)
@@ -159,6 +189,8 @@ class Bench:
 
     def sdpa_ms(self) -> float:
         """torch's scaled_dot_product_attention (its own backend choice) on the same inputs, this direction."""
+        if self.problem.gates():
+            raise ValueError(f"SDPA has no {', '.join(sorted(self.problem.gates()))}: no baseline")
         def sdpa(q, k, v):
             return sdpa_attention(q, k, v, self.problem.causal)
         if self.direction == "fwd":

@@ -50,13 +50,13 @@ def baseline_name(direction: str) -> str:
 
 def study_name(gpu: Gpu, problem: Problem, family: str, direction: str = "fwd") -> str:
     return (f"autoflash:{gpu.family}:{problem.key()}:{direction}:{family}:"
-            f"{codegen.template_fingerprint(family, direction)}")
+            f"{codegen.template_fingerprint(family, direction, problem.gates())}")
 
 
 def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, family: str, direction: str = "fwd",
                   count: int = 3) -> list[Knobs]:
     """Best `family` variants of the tuned problems closest to `problem` (of the same kind: Problem.distance)."""
-    fingerprint = codegen.template_fingerprint(family, direction)
+    fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
     near = [(d, best.knobs) for best in store.best(gpu.family, fingerprint, direction)
             if best.problem != problem and (d := problem.distance(best.problem)) is not None]
     return [families.knobs_from_json(direction, knobs) for _, knobs in sorted(near)[:count]]
@@ -65,7 +65,7 @@ def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, family: str, directi
 def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd") -> list[Knobs]:
     """Winners of `problem` under earlier templates, still valid as knobs (Store.best skips the others): after a
     template change they are the best first guesses. They are timed again like any other point, never reused."""
-    current = set(codegen.current_fingerprints(direction).values())
+    current = set(codegen.current_fingerprints(direction, problem.gates()).values())
     return [families.knobs_from_json(direction, best.knobs)
             for fingerprint in store.fingerprints(gpu.family, direction) if fingerprint not in current
             for best in store.best(gpu.family, fingerprint, direction) if best.problem == problem]
@@ -112,7 +112,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
             empty[family.name] = why
     if len(empty) == len(families.searched(direction)):  # no family can run it: say so in the store
         for family, why in empty.items():
-            fingerprint = codegen.template_fingerprint(family, direction)
+            fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
             recorded = store.finished(gpu.family, problem, fingerprint, direction).get(NO_VARIANT)
             if recorded is None or recorded.error != why:
                 store.record_trial(gpu, problem, NO_VARIANT, fingerprint, "no_valid_variant", error=why,
@@ -135,7 +135,7 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new, and why no
     variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]
-    fingerprint = codegen.template_fingerprint(family.name, direction)
+    fingerprint = codegen.template_fingerprint(family.name, direction, problem.gates())
     done = store.finished(gpu.family, problem, fingerprint, direction)
     done.pop(NO_VARIANT, None)
 
