@@ -7,6 +7,9 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd     $OUT   # retune bwd, merged
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bench   $OUT   # the FA grid, fwd and bwd, from the new db
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen  $OUT   # packed sequences and KV caches: tests, speed
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gbwd    $OUT   # variants' and varlen's GPU tests; the Gluon
+#                                                                       backward's checks, tests and speed
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh variants $OUT  # window/softcap/ALiBi beside FlexAttention
 # Logs and JSON lines land in $OUT (the device tool brings them back); copy what NOTES cite to benchmarks/results/.
 # A machine may be a fresh one at every call: after fwd and after bwd, copy the returned h100.db over
 # tuning_db/h100.db here before the next step (bwd retunes on top of fwd's records; bench reads both).
@@ -55,7 +58,25 @@ varlen)
         > "$out/${day}_h100_kvcache_decode.log" 2>&1
     echo "kvcache bench rc $?"; cat "$out/${day}_h100_kvcache_decode.log"
     ;;
+gbwd)  # each part under its own limit: a hung kernel (an mbarrier phase wrong) costs only its part
+    timeout 200 python -m pytest -q -m gpu -n 16 tests/test_attention_variants.py tests/test_gpu_varlen.py \
+        > "$out/${day}_h100_gpu_tests_variants_varlen.log" 2>&1
+    echo "variants/varlen gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_variants_varlen.log"
+    timeout 90 python benchmarks/gluon_bwd.py --check --every 4 > "$out/${day}_h100_gluon_bwd_check.log" 2>&1
+    echo "gluon bwd check rc $?"; grep -c "^ok" "$out/${day}_h100_gluon_bwd_check.log"
+    grep -v "^ok" "$out/${day}_h100_gluon_bwd_check.log" | tail -n 15
+    timeout 150 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py > "$out/${day}_h100_gpu_tests_gluon_bwd.log" 2>&1
+    echo "gluon bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_bwd.log" | tail
+    timeout -s INT "${BENCH_S:-120}" python benchmarks/gluon_bwd.py --bench fa_grid \
+        --variants '["default", {"block_n": 128, "warpgroups": 2}, {"num_buffers": 3}]' \
+        --out "$out/${day}_h100_gluon_bwd_bench.jsonl" > "$out/${day}_h100_gluon_bwd_bench.log" 2>&1
+    echo "gluon bwd bench rc $?"; cat "$out/${day}_h100_gluon_bwd_bench.log" | tail -n 30
+    ;;
+variants)
+    python benchmarks/variants.py --out "$out/${day}_h100_variants.jsonl" > "$out/${day}_h100_variants.log" 2>&1
+    echo "variants bench rc $?"; cat "$out/${day}_h100_variants.log" | grep -v Warning
+    ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants" >&2; exit 2
     ;;
 esac
