@@ -27,7 +27,8 @@ CASES = {  # name -> (causal, the problem's variant fields: Problem.with_variant
     "full softcap": (False, dict(softcap=True)),
 }
 
-_flex = torch.compile(flex_attention, dynamic=False)
+torch._dynamo.config.recompile_limit = 64  # one compile per case and grad mode: past the default 8, dynamo would
+_flex = torch.compile(flex_attention, dynamic=False)  # fall back to eager flex_attention, which holds all scores
 
 
 def flex_call(problem: Problem, kwargs: dict, device):
@@ -74,6 +75,7 @@ def main():
     parser.add_argument("--heads", default="32/8")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--cases", help="comma-separated names of CASES to run (default: all)")
     parser.add_argument("--out", help="append a JSON line per measurement to this file")
     args = parser.parse_args()
     heads_q, heads_kv = (int(h) for h in args.heads.split("/"))
@@ -86,6 +88,8 @@ def main():
                 command="python benchmarks/variants.py " + " ".join(f"--{n.replace('_', '-')} {a}"
                                                                     for n, a in vars(args).items() if n != "out"))
     for name, (causal, fields) in CASES.items():
+        if args.cases and name not in args.cases.split(","):
+            continue
         problem = Problem.from_tensors(q, k, causal).with_variants(**fields)
         kwargs = dict(variant_kwargs(problem, q.device), causal=causal)
         impls = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, **kwargs),

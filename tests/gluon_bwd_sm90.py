@@ -19,8 +19,9 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     """The module's `attn_bwd` compiled for sm_90 (triton's CompiledKernel)."""
     q, kv = (descriptor(knobs[rows], head_dim, dtype) for rows in ("block_m", "block_n"))
     fp32 = MockTensor(_TorchDtype("float32"), [2 * 4 * 1000 * head_dim])
-    rows = TensorDescriptor(MockTensor(_TorchDtype("float32"), [8000]), [8000], [1], [knobs["block_m"]],
-                            gl.NVMMASharedLayout.get_default_for([knobs["block_m"]], gl.float32))
+    rows = TensorDescriptor(MockTensor(_TorchDtype("float32"), [8, 1000]), [8, 1000], [1000, 1],
+                            [1, knobs["block_m"]], gl.NVMMASharedLayout.get_default_for([1, knobs["block_m"]],
+                                                                                         gl.float32))
     args = (q, kv, kv, q, kv, kv, rows, rows, fp32,  # q, k, v, do, dk, dv; lse, delta, dq
             0.1, 4 * 1000 * head_dim, 1000 * head_dim, head_dim,  # scale, dq's strides
             4, 2, 1000, 1000)  # heads_q, heads_kv, seqlens

@@ -31,19 +31,27 @@ def _check(q, k, v, out, dout, dq, dk, dv, lse, dlse):
 
 def _descriptor_maker(q, k, block_m, block_n, block_d):
     """`make(q, k, v, dout, dk, dv, lse2, delta)`: TMA descriptors over (batch, heads, seqlen, head_dim) with each
-    tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v, dk, dv: block_n), and over the
-    flat fp32 rows of lse2 and delta in blocks of block_m. Rows past seqlen and columns past head_dim read as 0 and
+    tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v, dk, dv: block_n), and over
+    lse2 and delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns past head_dim read as 0 and
     are never written."""
     tiles = {rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, block_d], GL_DTYPES[q.dtype])
              for rows in (block_m, block_n)}
-    row_layout = gl.NVMMASharedLayout.get_default_for([block_m], gl.float32)
+    row_layout = gl.NVMMASharedLayout.get_default_for([1, block_m], gl.float32)
 
     def make(q, k, v, dout, dk, dv, lse2, delta):
         return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d], tiles[rows])
                   for t, rows in ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
                                   (dv, block_n))),
-                *(TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], row_layout) for t in (lse2, delta)))
+                *(TensorDescriptor(t, [t.shape[0], q.shape[2]], list(t.stride()), [1, block_m], row_layout)
+                  for t in (lse2, delta)))
     return make
+
+
+def _rows(q):
+    """An fp32 (batch * heads_q, seqlen_q) buffer of one value per query row, its row stride a multiple of 4 (TMA
+    wants 16-byte strides)."""
+    batch, heads_q, seqlen_q, _ = q.shape
+    return torch.empty(batch * heads_q, triton.cdiv(seqlen_q, 4) * 4, dtype=torch.float32, device=q.device)
 
 
 def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile=None):
@@ -59,9 +67,9 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
     descriptors = _descriptor_maker(q, k, knobs["block_m"], knobs["block_n"], block_d)
-    rows = torch.empty_like(lse)  # (example tensors: each call allocates its own)
+    rows = _rows(q)  # (example tensors: each call allocates its own)
     delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, *out.stride()[:3], *dout.stride()[:3],
-                  heads_q, seqlen_q)
+                  rows.stride(0), heads_q, seqlen_q)
     delta_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, ROWS=DELTA_ROWS)
     delta_grid = (triton.cdiv(seqlen_q, DELTA_ROWS), batch * heads_q)
     dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -81,7 +89,7 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
         main_launch = compile(kernels.attn_bwd, main_grid, main_args, main_options, 9)
 
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
-        lse2, delta = torch.empty_like(lse), torch.empty_like(lse)
+        lse2, delta = _rows(q), _rows(q)
         delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta)
         dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         main_launch(*descriptors(q, k, v, dout, dk, dv, lse2, delta), dq_sum)
