@@ -30,7 +30,7 @@ from autoflash.families.gluon.knobs import BwdKnobs, default_knobs  # noqa: E402
 from autoflash.gpu import current  # noqa: E402
 from autoflash.problem import Problem  # noqa: E402
 from autoflash.reference import (GRAD_TOLERANCE, attention_backward_reference, attention_reference,  # noqa: E402
-                                 relative_error, sdpa_attention)
+                                 gradient_errors, sdpa_attention)
 from autoflash.tune.timing import backward_ms, median_ms  # noqa: E402
 from gluon_fwd import fa_grid  # noqa: E402  (the forward's grid: NOTES G2, 40)
 from helpers import make_qkv  # noqa: E402
@@ -80,7 +80,7 @@ def check(cases):
         dlse = torch.randn(lse.shape, generator=gen).to("cuda") if with_dlse else None
         grads = gradients(knobs, q, k, v, out, lse, dout, causal, scale, dlse)
         refs = attention_backward_reference(q, k, v, dout, causal, scale, dlse=dlse)
-        errors = [relative_error(grad, ref) for grad, ref in zip(grads, refs)]
+        errors = gradient_errors(grads, refs)
         ok = all(err < GRAD_TOLERANCE[dtype] for err in errors) and not any(math.isnan(err) for err in errors)
         failures += not ok
         point = {name: value for name, value in knobs.as_point().items() if name != "family"}
