@@ -18,6 +18,7 @@ import triton
 
 import autoflash
 from autoflash.reference import sdpa_attention
+from forced_knobs import changes_of, forced_knobs, label
 
 
 def lengths_of(batch, low, high, seed):
@@ -48,6 +49,8 @@ def main(argv=None):
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--lengths", default="1024,32768", help="cache lengths: low,high (log-uniform) or one")
     parser.add_argument("--page-sizes", default="16,256")
+    parser.add_argument("--knobs", default="[{}]",
+                        help='forward knob changes to sweep, JSON: \'[{}, {"kv_splits": 8}]\'')
     parser.add_argument("--out", help="append a JSON line per measurement to this file")
     args = parser.parse_args(argv)
     heads_q, heads_kv = map(int, args.heads.split("/"))
@@ -76,8 +79,12 @@ def main(argv=None):
                                                              v_dense[b:b + 1, :n].transpose(1, 2))
                                               for b, n in enumerate(lengths)]
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    for name, fn in cases.items():
-        ms = triton.testing.do_bench(fn, warmup=50, rep=300)
+    runs = [(name, fn, change) for change in changes_of(args.knobs) for name, fn in cases.items()
+            if name.startswith("kvcache") or not change]  # the baselines once
+    for name, fn, change in runs:
+        with forced_knobs(change):
+            ms = triton.testing.do_bench(fn, warmup=50, rep=300)
+        name = label(name, change)
         line = dict(case=name, batch=args.batch, heads=args.heads, head_dim=d, lengths=[low, high],
                     kv_bytes=kv_bytes, ms=ms, tb_per_s=kv_bytes / ms / 1e9, gpu=torch.cuda.get_device_name(),
                     time=stamp)

@@ -18,6 +18,7 @@ import triton
 
 import autoflash
 from autoflash.problem import Problem
+from forced_knobs import changes_of, forced_knobs, label
 from kvcache_decode import lengths_of
 
 
@@ -42,6 +43,8 @@ def main(argv=None):
     parser.add_argument("--heads", default="32/8")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--full", action="store_true", help="no causal mask")
+    parser.add_argument("--knobs", default="[{}]",
+                        help='forward knob changes to sweep, JSON: \'[{}, {"num_warps": 8}]\'')
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     heads_q, heads_kv = map(int, args.heads.split("/"))
@@ -73,13 +76,16 @@ def main(argv=None):
     }
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(f"lengths {sorted(lengths)} (total {total}); dense batch {dense_batch} x {longest}")
+    runs = [(name, fn, change) for change in changes_of(args.knobs) for name, fn in cases.items()
+            if name == "varlen" or not change]  # the baselines once
     for direction in ("fwd", "fwd+bwd"):
-        for name, fn in cases.items():
-            ms = timed(fn, direction != "fwd")
+        for name, fn, change in runs:
+            with forced_knobs(change):
+                ms = timed(fn, direction != "fwd")
             work = flops[name] * (1 if direction == "fwd" else 3.5)
-            line = dict(case=name, direction=direction, ms=ms, tflops=work / ms / 1e9, lengths=lengths,
+            line = dict(case=label(name, change), direction=direction, ms=ms, tflops=work / ms / 1e9, lengths=lengths,
                         heads=args.heads, head_dim=d, causal=causal, gpu=torch.cuda.get_device_name(), time=stamp)
-            print(f"{direction:8s} {name:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s")
+            print(f"{direction:8s} {line['case']:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s")
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(line) + "\n")

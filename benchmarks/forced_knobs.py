@@ -1,0 +1,39 @@
+"""Sweep a knob where nothing is tuned yet (packed sequences, KV caches): `forced_knobs(change)` makes every forward
+dispatch inside the block run its chosen knobs with `change` applied (e.g. {"kv_splits": 8}), so one benchmark run
+times the variants side by side. For measuring, not for use: the changed knobs are not checked for validity."""
+
+import contextlib
+import json
+from dataclasses import replace
+
+from autoflash import varlen
+from autoflash.dispatch import Dispatcher
+
+
+@contextlib.contextmanager
+def forced_knobs(change: dict):
+    original = Dispatcher.for_call
+
+    def for_call(self, problem, gpu, direction, tensors, deterministic=False):
+        chosen = original(self, problem, gpu, direction, tensors, deterministic)
+        return replace(chosen, knobs=replace(chosen.knobs, **change)) if change and direction == "fwd" else chosen
+
+    Dispatcher.for_call = for_call
+    varlen._plans.clear()  # plans are cached per call signature: build them again under the change
+    try:
+        yield
+    finally:
+        Dispatcher.for_call = original
+        varlen._plans.clear()
+
+
+def changes_of(argument: str) -> list[dict]:
+    """--knobs '[{}, {"kv_splits": 8}]' -> the list of changes ({} : the dispatched knobs as they are)."""
+    changes = json.loads(argument)
+    if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+        raise SystemExit(f'--knobs takes a JSON list of objects such as \'[{{}}, {{"kv_splits": 8}}]\'; got {argument}')
+    return changes
+
+
+def label(name: str, change: dict) -> str:
+    return name + (" " + json.dumps(change, sort_keys=True) if change else "")
