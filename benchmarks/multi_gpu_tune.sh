@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Wall time of one tuning campaign on 1 GPU and on 2 (issue 19's speed-up): the same problems file, trials and seed,
+# a fresh SQLite database and a fresh Triton cache each, so neither run starts from the other's compiled kernels.
+#   . .device/setup.sh && bash benchmarks/multi_gpu_tune.sh $OUT [shapes file] [trials]
+# Writes $OUT/<date>_multi_gpu_tune.jsonl (one line per run: devices, seconds, trials recorded) and the logs.
+set -uo pipefail
+out=$1 shapes=${2:-examples/small_batch.yaml} trials=${3:-3}
+mkdir -p "$out"
+day=$(date +%F)
+gpu=$(python -c "import torch; print(torch.cuda.get_device_name())")
+for devices in 0 0,1; do
+    tag=${devices/,/_}
+    db=/tmp/multi_gpu_$tag.db
+    rm -f "$db"
+    start=$(date +%s.%N)
+    TRITON_CACHE_DIR=/tmp/triton_cache_$tag python -m autoflash tune --shapes "$shapes" --mode fwd --trials "$trials" \
+        --seed 0 --db "sqlite:///$db" --devices "$devices" > "$out/${day}_multi_gpu_tune_$tag.log" 2>&1
+    rc=$?
+    seconds=$(python -c "print(round($(date +%s.%N) - $start, 1))")
+    recorded=$(python -c "import sqlite3; print(sqlite3.connect('$db').execute('select count(*) from autoflash_trials').fetchone()[0])" \
+               2>/dev/null || echo null)
+    line="{\"devices\": \"$devices\", \"seconds\": $seconds, \"rc\": $rc, \"trial_rows\": $recorded, \"shapes\": \"$shapes\", \"trials\": $trials, \"gpu\": \"$gpu\", \"date\": \"$day\", \"command\": \"bash benchmarks/multi_gpu_tune.sh OUT $shapes $trials\"}"
+    echo "$line" | tee -a "$out/${day}_multi_gpu_tune.jsonl"
+done
