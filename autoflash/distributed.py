@@ -2,12 +2,14 @@
 
 Each rank keeps its query shard; the key/value shards travel around the ring (rank r sends to r + 1 and receives
 from r - 1, `torch.distributed.batch_isend_irecv`), the next step's transfer posted before the current step's
-kernel so that it overlaps. Each step is one `autoflash.attention(..., return_lse=True)` call, dispatched like any
-other problem (seqlen_q = a local shard, seqlen_k = one peer's shard), and its output is folded into the running
-result in fp32 through the log-sum-exp. The backward runs autoflash's backward kernels per step with the merged
-output and lse (so P and rowsum(dO * O) are the full attention's, FlashAttention-2's backward), sends the dK/dV of
-each K/V shard around the ring with it (accumulated in fp32) and home at the end. The same code runs on NCCL
-(GPUs; call torch.cuda.set_device first) and gloo (CPU tensors under TRITON_INTERPRET=1).
+kernel so that it overlaps; K and V go as two messages of one batch, not copied into one. Each step is one
+`autoflash.attention(..., return_lse=True)` call, dispatched like any other problem (seqlen_q = a local shard,
+seqlen_k = one peer's shard), and its output is folded into the running result through the log-sum-exp, in fp32
+and rounded once: at 2 ranks straight into step 0's output, at more into an fp32 copy of it. The backward runs
+autoflash's backward kernels per step with the merged output and lse (so P and rowsum(dO * O) are the full
+attention's, FlashAttention-2's backward), sends the dK/dV of each K/V shard around the ring with it (accumulated
+in fp32) and home at the end. The same code runs on NCCL (GPUs; call torch.cuda.set_device first) and gloo (CPU
+tensors under TRITON_INTERPRET=1).
 
 Layouts (dim 2 is the sequence; `shard_sequence` and `gather_sequence` convert):
 - full (causal=False): N equal chunks, rank r holds chunk r.
@@ -119,14 +121,17 @@ class _Ring:
         """The rank whose K/V shard this rank holds at `step` (0: its own)."""
         return (self.rank - step) % self.size
 
-    def pass_on(self, tensor):
-        """Post the send of `tensor` (contiguous) to the next rank and the receive of the previous rank's, shaped
-        alike, into a new buffer; return wait() -> the received tensor. A ring of one passes `tensor` to itself."""
+    def pass_on(self, tensors):
+        """Post, in one batch, the sends of `tensors` (a tuple of contiguous tensors) to the next rank and the
+        receives of the previous rank's, shaped alike, into new buffers; return wait() -> the received tuple. A ring
+        of one passes `tensors` to itself."""
         if self.size == 1:
-            return lambda: tensor
-        received = torch.empty_like(tensor)
-        requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, self.next, self.group),
-                                           dist.P2POp(dist.irecv, received, self.previous, self.group)])
+            return lambda: tensors
+        received = tuple(torch.empty_like(t) for t in tensors)
+        # one tag a message: gloo matches them by tag (NCCL in order)
+        requests = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, t, self.next, self.group, tag=tag) for tag, t in enumerate(tensors)]
+            + [dist.P2POp(dist.irecv, r, self.previous, self.group, tag=tag) for tag, r in enumerate(received)])
 
         def wait():
             for request in requests:
@@ -203,17 +208,18 @@ class _RingAttention(torch.autograd.Function):
 
 def _ring_forward(q, k, v, ring, causal, scale):
     """(out in q's dtype, lse fp32) of this rank's queries over every rank's keys."""
-    kv = torch.stack((k, v))  # one message a step
+    kv = (k.contiguous(), v.contiguous())  # NCCL sends contiguous tensors (a no-op for shard_sequence's)
     for step in range(ring.size):
         if step + 1 < ring.size:
             incoming = ring.pass_on(kv)
         rows, keys, step_causal = _step_blocks(ring.rank, ring.source(step), q.shape[2] // 2, causal)
-        block_out, block_lse = attention(q[:, :, rows], kv[0, :, :, keys], kv[1, :, :, keys], causal=step_causal,
+        block_out, block_lse = attention(q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys], causal=step_causal,
                                          softmax_scale=scale, return_lse=True)
         if step == 0:
             # Step 0 (the shard's own keys) covers every row, and every row sees a key there (causal: its own), so
-            # lse is finite from here on: the steps after it add keys to rows, never a row's first.
-            out, lse = block_out.float(), block_lse
+            # lse is finite from here on: the steps after it add keys to rows, never a row's first. One merge to
+            # come (2 ranks) goes straight into this output; more accumulate in fp32, rounded once at the end.
+            out, lse = block_out if ring.size <= 2 else block_out.float(), block_lse
         else:
             _merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
         if step + 1 < ring.size:
@@ -222,11 +228,14 @@ def _ring_forward(q, k, v, ring, causal, scale):
 
 
 def _merge(out, lse, block_out, block_lse):
-    """Fold one step's attention (block_out, block_lse) over more keys into the running fp32 (out, lse), in place:
-    lse' = log(e^lse + e^block_lse) and out' = out + e^(block_lse - lse') (block_out - out), where
-    e^(block_lse - lse') = sigmoid(block_lse - lse). lse must be finite (a row's first keys are not merged)."""
-    out.add_((block_out - out).mul_(torch.sigmoid(block_lse - lse).unsqueeze(-1)))
-    lse.sub_(torch.nn.functional.logsigmoid(lse - block_lse))
+    """Fold one step's attention (block_out, block_lse) over more keys into the running (out, lse), in place:
+    lse' = log(e^lse + e^block_lse) and out' = e^(lse - lse') out + e^(block_lse - lse') block_out, where
+    e^(lse - lse') = sigmoid(lse - block_lse). The sum is taken in fp32 and rounded once to out's dtype (two passes
+    over out). lse must be finite (a row's first keys are not merged)."""
+    gap = lse - block_lse
+    keep, new = torch.sigmoid(gap).unsqueeze(-1), torch.sigmoid(-gap).unsqueeze(-1)
+    torch.addcmul(out * keep, block_out, new, out=out)  # out * keep: fp32, whatever out's dtype
+    lse.sub_(torch.nn.functional.logsigmoid(gap))
 
 
 def _ring_backward(q, k, v, out, lse, dout, ring, causal, scale):
@@ -234,7 +243,7 @@ def _ring_backward(q, k, v, out, lse, dout, ring, causal, scale):
     and rowsum(dO * O)); the dK/dV of a K/V shard accumulate in fp32 as they follow it around the ring and home."""
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    kv = torch.stack((k, v))
+    kv = (k.contiguous(), v.contiguous())
     for step in range(ring.size):
         if step + 1 < ring.size:
             incoming = ring.pass_on(kv)
@@ -242,16 +251,17 @@ def _ring_backward(q, k, v, out, lse, dout, ring, causal, scale):
         # autoflash's dispatched backward kernels with the merged out and lse (autograd through the step's forward
         # would use the step's own)
         block_dq, block_dk, block_dv = attention_backward(
-            dout[:, :, rows], q[:, :, rows], kv[0, :, :, keys], kv[1, :, :, keys], out[:, :, rows], lse[:, :, rows],
+            dout[:, :, rows], q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys], out[:, :, rows], lse[:, :, rows],
             None, step_causal, scale, False)
         dq[:, :, rows] += block_dq
         # The dK/dV of the shard in hand, as far as the ranks before this one got: zeros at step 0 (our own shard).
-        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device) if step == 0 else incoming_dkv()
-        dkv[0, :, :, keys] += block_dk
-        dkv[1, :, :, keys] += block_dv
-        incoming_dkv = ring.pass_on(dkv)
+        dk, dv = ([torch.zeros(t.shape, dtype=torch.float32, device=q.device) for t in kv] if step == 0
+                  else incoming_dkv())
+        dk[:, :, keys] += block_dk
+        dv[:, :, keys] += block_dv
+        incoming_dkv = ring.pass_on((dk, dv))
         if step + 1 < ring.size:
             kv = incoming()
-    dkv = incoming_dkv()  # our own shard's, back from the last rank that held it
-    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    dk, dv = incoming_dkv()  # our own shard's, back from the last rank that held it
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

@@ -1,8 +1,9 @@
 """Ring attention on the GPUs of one host, beside single-GPU autoflash and PyTorch's context_parallel over SDPA.
 
-NOT YET RUN: written on a machine without GPUs (issue 20); its first run, on the 2-GPU kind, checks it.
+First run: benchmarks/NOTES.md 46 (2 H200s).
 
-    torchrun --nproc-per-node 2 benchmarks/ring_attention.py --out benchmarks/results/DATE_h200x2_ring_attention.jsonl
+    torchrun --nproc-per-node 2 benchmarks/ring_attention.py --reps 10 \
+        --out benchmarks/results/DATE_h200x2_ring_attention.jsonl
 
 For causal and full attention (bf16, head_dim 128, 16 heads, batch 1) at each total length (32k, 64k, 128k):
 - check: ring_attention's out, dq, dk, dv on the gathered sequence against autoflash.attention on the whole sequence
@@ -10,12 +11,15 @@ For causal and full attention (bf16, head_dim 128, 16 heads, batch 1) at each to
 - speed: the forward, and the backward alone (after a forward whose graph is kept), of ring_attention at the total
   length; per-GPU TFLOP/s = the whole problem's FLOPs / world size / time (the FlashAttention count, causal half).
   Beside it, single-GPU autoflash at total / world size tokens (issue 20's bar: ring / single >= 0.9) and
-  context_parallel over SDPA (its default backend) at the total length. Times are medians of fixed repetitions,
-  the slowest rank's.
+  context_parallel over SDPA (its default backend and rotation) at the total length: causal with its head-tail load
+  balancing (the default), full with it off (torch refuses full attention with it on). Times are medians of fixed
+  repetitions, the slowest rank's.
 """
 
 import argparse
+import contextlib
 import datetime
+import importlib
 import json
 import os
 import statistics
@@ -33,6 +37,10 @@ from autoflash.problem import Problem  # noqa: E402
 from autoflash.reference import attention_backward_reference, attention_reference, relative_error  # noqa: E402
 
 HEADS, HEAD_DIM, DTYPE = 16, 128, torch.bfloat16
+# Where torch keeps context_parallel's options (private): torch 2.13 defines `_cp_options` in the second and
+# re-exports it from the first, where earlier releases define it.
+CP_OPTIONS_MODULES = ("torch.distributed.tensor.experimental._attention",
+                      "torch.distributed.tensor.experimental._context_parallel._attention")
 
 
 def timed_ms(fn, reps: int) -> float:
@@ -91,15 +99,43 @@ def check(total: int, causal: bool, fp64: bool) -> dict:
     return row
 
 
+def context_parallel_options():
+    """torch's context_parallel options (`_cp_options`, with its `enable_load_balance` switch), or RuntimeError."""
+    for name in CP_OPTIONS_MODULES:
+        try:
+            options = importlib.import_module(name)._cp_options
+        except (ImportError, AttributeError):
+            continue
+        if hasattr(options, "enable_load_balance"):
+            return options
+    raise RuntimeError(f"torch {torch.__version__} has no _cp_options.enable_load_balance in "
+                       f"{' or '.join(CP_OPTIONS_MODULES)}: context_parallel's load balancing cannot be turned off, "
+                       "so full attention is not run (find the switch in torch's source and add its module)")
+
+
+@contextlib.contextmanager
+def load_balancing_off():
+    """torch's context_parallel without its head-tail load balancing, restored after."""
+    options = context_parallel_options()
+    balanced = options.enable_load_balance
+    options.enable_load_balance = False
+    try:
+        yield
+    finally:
+        options.enable_load_balance = balanced
+
+
 def context_parallel_ms(q, k, v, dout, causal, reps: int):
-    """(forward ms, backward ms) of torch's context_parallel over SDPA, or the error that stopped it."""
+    """(forward ms, backward ms) of torch's context_parallel over SDPA, or the error that stopped it. Full attention
+    runs with its load balancing off (torch: "Load balancing requires `is_causal=True`")."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
 
     mesh = init_device_mesh("cuda", (dist.get_world_size(),))
     q, k, v, dout = (t.clone() for t in (q, k, v, dout))  # context_parallel shards its buffers in place
     try:
-        with context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2]):
+        with contextlib.nullcontext() if causal else load_balancing_off(), \
+                context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2]):
             return forward_and_backward_ms(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                                            (q, k, v), dout, reps)
     except Exception as e:  # recorded, not fatal: the experimental API changes between torch versions

@@ -3,7 +3,9 @@ full and causal (zig-zag), GQA, a ring of one; its errors. Without a GPU the ran
 running the kernels in Triton's interpreter; with 2 GPUs (the `gpu` test), one process per GPU over NCCL."""
 
 import datetime
+import importlib.util
 import tempfile
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -22,7 +24,7 @@ from autoflash.reference import (GRAD_TOLERANCE, TOLERANCE, attention_backward_r
 # shards (15 tokens a rank, zig-zag chunks of 5) among them.
 TWO_RANKS = [(2, 2, 2, 30, 16, torch.float32, False), (1, 4, 2, 32, 16, torch.float32, True),
              (1, 4, 2, 48, 16, torch.float16, True)]
-FOUR_RANKS = [(1, 4, 2, 40, 16, torch.float32, True)]
+FOUR_RANKS = [(1, 4, 2, 40, 16, torch.float32, True), (1, 2, 2, 28, 16, torch.float16, False)]  # fp16: merged in fp32
 
 
 def spawn(world_size: int, check, *args, backend="gloo"):
@@ -130,6 +132,48 @@ def test_two_ranks_and_errors():
 @pytest.mark.skipif(HAS_GPU, reason="CPU ranks under the interpreter; with GPUs, test_two_gpus_nccl")
 def test_four_ranks():
     spawn(4, check_against_reference, FOUR_RANKS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_merge_rounds_once(dtype):
+    """_merge of two key blocks' (out, lse) gives their fp64 merge rounded once to out's dtype (the ring's output at
+    2 ranks, step 0's own, is merged into in q's dtype): equal but for near-ties, which the fp32 sum may round the
+    other way."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, n, 24, generator=gen, dtype=torch.float64) for n in (37, 50, 50))
+    (out_a, lse_a), (out_b, lse_b) = (attention_reference(q, k[:, :, keys], v[:, :, keys])
+                                      for keys in (slice(0, 21), slice(21, None)))
+    out, lse, block_out, block_lse = out_a.to(dtype), lse_a.float(), out_b.to(dtype), lse_b.float()
+    # the fp64 merge of exactly what _merge is given
+    merged_lse = torch.logaddexp(lse.double(), block_lse.double())
+    expected = (out.double() * (lse.double() - merged_lse).exp().unsqueeze(-1)
+                + block_out.double() * (block_lse.double() - merged_lse).exp().unsqueeze(-1))
+    distributed._merge(out, lse, block_out, block_lse)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert (lse.double() - merged_lse).abs().max() < 1e-5
+    if dtype == torch.float32:
+        assert relative_error(out, expected) < 1e-6
+    else:  # one rounding: equal but for near-ties (two roundings, e.g. out * keep in out's dtype: ~25% differ)
+        assert (out != expected.to(dtype)).float().mean() < 0.01
+        assert relative_error(out, expected) < torch.finfo(dtype).eps
+    assert relative_error(expected, attention_reference(q, k, v)[0]) < TOLERANCE[dtype]  # the blocks make the whole
+
+
+def test_load_balancing_off_restores_torchs_switch():
+    """benchmarks/ring_attention.py finds context_parallel's load-balancing switch in this torch and puts it back."""
+    spec = importlib.util.spec_from_file_location(
+        "ring_attention_benchmark", Path(__file__).resolve().parents[1] / "benchmarks" / "ring_attention.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    options = benchmark.context_parallel_options()
+    before = options.enable_load_balance
+    for setting in (True, False):
+        options.enable_load_balance = setting
+        with pytest.raises(KeyError), benchmark.load_balancing_off():
+            assert options.enable_load_balance is False
+            raise KeyError("an error inside the block")
+        assert options.enable_load_balance is setting
+    options.enable_load_balance = before
 
 
 def test_needs_an_initialised_group():
