@@ -4,8 +4,10 @@ and with the meanings of flash-attn's `flash_attn_varlen_func`.
 A batch of sequences of different lengths is packed without padding: q (total_q, heads_q, head_dim) holds every
 sequence's query rows one after the other, sequence s the rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]); k and v
 alike with cu_seqlens_k. The kernels are the `tl` family's, rendered with the VARLEN gate: each program runs one
-(sequence, query tile) of a table the launcher builds per call on the device (templates/tl/launch_varlen.py,
-`varlen_tiles`), the tiles that see the most keys first, so short sequences take no padded tiles.
+(sequence, query tile) of a table the launcher builds per call (templates/tl/launch_varlen.py, `varlen_tiles`),
+the tiles that see the most keys first, so short sequences take no padded tiles. The table is built on the host
+from the lengths that the check of cu_seqlens brings there, and comes over in one copy; while a CUDA graph is
+captured (no check, no values on the host) it is built on the device.
 
 Dispatch: a call is the Problem (batch = sequences, seqlen_q/seqlen_k = max_seqlen_q/max_seqlen_k, variants
 {"VARLEN"}). Varlen is not tuned: dispatch takes the nearest tuned dense problem's winner (Problem.distance
@@ -14,6 +16,7 @@ ignores the variants), fitted to the varlen kernel (pointer loads, the table's o
 
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from autoflash import checks, codegen, gpu as gpus
@@ -45,22 +48,27 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns:
         out (total_q, heads_q, head_dim); with return_lse, (out, lse).
 
-    The values of cu_seqlens are checked on the host (one synchronisation) except while a CUDA graph is
-    being captured; the kernels' tile table is built on the device.
+    The values of cu_seqlens are checked on the host (one synchronisation), and the kernels' tile tables built
+    there from them, except while a CUDA graph is being captured (no check; the tables built on the device).
     """
-    checked = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, return_lse, out)
+    q, k, v, host = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, return_lse, out)
     scale = checks.scale_of(softmax_scale, q.shape[-1])
-    q, k, v = checked
-    starts_k, seqlens_k = cu_seqlens_k[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     if out is not None or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         out = torch.empty_like(q) if out is None else out
         lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) if return_lse else None
-        packed_forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                       scale)
+        _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                        host)
         return (out, lse) if return_lse else out
     out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                      _Call(max_seqlen_q, max_seqlen_k, causal, scale))
+                                      _Call(max_seqlen_q, max_seqlen_k, causal, scale), host)
     return (out, lse) if return_lse else out
+
+
+def _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, host):
+    """packed_forward over keys at cu_seqlens_k: seqlens_k from the host values where there are some."""
+    seqlens_k = None if host is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    packed_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k[:-1], seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                   scale, host=host)
 
 
 class _Call(NamedTuple):
@@ -101,12 +109,13 @@ def _cached(key, make) -> Callable:
 
 
 def packed_forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                   pages=None):
+                   pages=None, host=None):
     """Write out (and lse, (heads_q, total_q), unless None) of packed q (total_q, heads_q, head_dim): sequence s
     has the query rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) and seqlens_k[s] keys from row starts_k[s] of k, v
     ((rows, heads_kv, head_dim)); or with pages = (block_table, page_size, page stride of k, of v), keys on the pages
     that block_table[s] lists, k and v then the (page_size, heads_kv, head_dim) views of the caches' page 0 (the
-    kernel steps from there by the page strides)."""
+    kernel steps from there by the page strides). host: None, or the sequences' lengths of queries and keys on
+    the host (int64 numpy arrays, `host_lengths`): the tile table is built from them, and seqlens_k may be None."""
     if q.shape[0] == 0 or cu_seqlens_q.numel() < 2:
         if lse is not None:
             lse.fill_(float("-inf"))
@@ -123,11 +132,11 @@ def packed_forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seq
             *views, None if lse is None else lse.unsqueeze(0), cu_seqlens_q, starts_k, seqlens_k, scale, causal,
             pages)
     _cached(key, make)(packed(q), packed(k), packed(v), packed(out), None if lse is None else lse.unsqueeze(0),
-                       cu_seqlens_q, starts_k, seqlens_k, None if pages is None else pages[0])
+                       cu_seqlens_q, starts_k, seqlens_k, None if pages is None else pages[0], host)
 
 
-def packed_backward(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, call: _Call):
-    """(dq, dk, dv) of `attention_varlen`'s packed forward that returned out and lse."""
+def packed_backward(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, call: _Call, host):
+    """(dq, dk, dv) of `attention_varlen`'s packed forward that returned out and lse; host: as packed_forward's."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.shape[0] == 0 or k.shape[0] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
@@ -143,21 +152,22 @@ def packed_backward(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, c
             *views, lse.unsqueeze(0), packed(dout), packed(dq), packed(dk), packed(dv), cu_seqlens_q, cu_seqlens_k,
             call.scale, call.causal, None if dlse is None else dlse.unsqueeze(0))
     _cached(key, make)(packed(q), packed(k), packed(v), packed(out), lse.unsqueeze(0), packed(dout), packed(dq),
-                       packed(dk), packed(dv), None if dlse is None else dlse.unsqueeze(0), cu_seqlens_q, cu_seqlens_k)
+                       packed(dk), packed(dv), None if dlse is None else dlse.unsqueeze(0), cu_seqlens_q, cu_seqlens_k,
+                       host)
     return dq, dk, dv
 
 
 class _VarlenAttention(torch.autograd.Function):
-    """attention_varlen's forward and backward; saves q, k, v, out, lse and the cu_seqlens."""
+    """attention_varlen's forward and backward; saves q, k, v, out, lse, the cu_seqlens and their host values."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, call):
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, call, host):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
-        packed_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1],
-                       call.max_seqlen_q, call.max_seqlen_k, call.causal, call.scale)
+        _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k,
+                        call.causal, call.scale, host)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.call = call
+        ctx.call, ctx.host = call, host
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -166,12 +176,12 @@ class _VarlenAttention(torch.autograd.Function):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         dout = torch.zeros_like(out) if dout is None else dout
         dlse = None if dlse is None else dlse.contiguous()
-        return *packed_backward(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, ctx.call), None, None, None
+        return *packed_backward(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, ctx.call, ctx.host), \
+            None, None, None, None
 
 
-def check_lengths(name, cu_seqlens, total, max_seqlen, device) -> None:
-    """cu_seqlens well formed for `total` packed rows: int32, 1-D, on `device`; its values (checked on the host
-    unless a CUDA graph is being captured) non-decreasing from 0 to total, no step above max_seqlen."""
+def check_offsets(name, cu_seqlens, device) -> None:
+    """cu_seqlens well formed: an int32 1-D contiguous tensor on `device` (its values: `host_lengths`)."""
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 \
             or cu_seqlens.numel() < 1:
         got = f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}" if isinstance(cu_seqlens, torch.Tensor) \
@@ -182,17 +192,28 @@ def check_lengths(name, cu_seqlens, total, max_seqlen, device) -> None:
         raise ValueError(f"{name} is on {cu_seqlens.device}, q on {device}: move it with .to(q.device)")
     if cu_seqlens.stride(0) != 1:
         raise ValueError(f"{name} must be contiguous, got stride {cu_seqlens.stride(0)}: pass {name}.contiguous()")
+
+
+def host_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k):
+    """The sequences' lengths of queries and of keys on the host (int64 numpy arrays), read in one
+    synchronisation, their offsets checked: non-decreasing from 0 to total, no step above max_seqlen. None while
+    a CUDA graph is being captured (nothing is checked then)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return
-    steps = cu_seqlens[1:] - cu_seqlens[:-1]
-    first, last, decreasing, longest = torch.stack((
-        cu_seqlens[0], cu_seqlens[-1], (steps < 0).sum(), steps.max() if steps.numel() else cu_seqlens[0])).tolist()
-    if first != 0 or last != total or decreasing:
-        raise ValueError(f"{name} must rise (or stay) from 0 to {total}, the packed rows; got {first} .. {last}"
-                         f"{' with decreasing steps' if decreasing else ''}: offsets are cumulative lengths")
-    if longest > max_seqlen:
-        raise ValueError(f"a sequence of {name} holds {longest} rows, more than max_seqlen {max_seqlen}: pass the "
-                         "longest length")
+        return None
+    values = torch.cat((cu_seqlens_q, cu_seqlens_k)).cpu().numpy().astype(np.int64)
+    offsets = values[:cu_seqlens_q.numel()], values[cu_seqlens_q.numel():]
+    for name, cu_seqlens, total, max_seqlen in (("cu_seqlens_q", offsets[0], total_q, max_seqlen_q),
+                                                ("cu_seqlens_k", offsets[1], total_k, max_seqlen_k)):
+        first, last, steps = int(cu_seqlens[0]), int(cu_seqlens[-1]), np.diff(cu_seqlens)
+        decreasing = bool((steps < 0).any())
+        if first != 0 or last != total or decreasing:
+            raise ValueError(f"{name} must rise (or stay) from 0 to {total}, the packed rows; got {first} .. {last}"
+                             f"{' with decreasing steps' if decreasing else ''}: offsets are cumulative lengths")
+        longest = int(steps.max()) if steps.size else 0
+        if longest > max_seqlen:
+            raise ValueError(f"a sequence of {name} holds {longest} rows, more than max_seqlen {max_seqlen}: pass "
+                             "the longest length")
+    return np.diff(offsets[0]), np.diff(offsets[1])
 
 
 def checked_packed(q, k, v):
@@ -220,8 +241,8 @@ def _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise TypeError(f"{name} must be a non-negative int, got {value!r}")
-    check_lengths("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
-    check_lengths("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
+    check_offsets("cu_seqlens_q", cu_seqlens_q, q.device)
+    check_offsets("cu_seqlens_k", cu_seqlens_k, q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have one entry per sequence plus one, got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
@@ -230,4 +251,4 @@ def _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("attention_varlen(..., out=...) is not differentiable, and q, k or v requires grad: "
                                "leave out=None, or call under torch.no_grad()")
-    return q, k, v
+    return q, k, v, host_lengths(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)

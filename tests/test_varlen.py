@@ -1,5 +1,6 @@
 """attention_varlen: packed sequences of odd lengths (empty ones too) against the fp64 reference per sequence."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,8 +50,9 @@ KNOBS = [  # what the table and the offsets must hold for: packed GQA rows, key 
 ]
 
 
+@pytest.mark.parametrize("on_host", [True, False], ids=["host_tables", "device_tables"])
 @pytest.mark.parametrize("knobs, causal", KNOBS)
-def test_forward_variants(knobs, causal):
+def test_forward_variants(knobs, causal, on_host):
     from autoflash import codegen
     from autoflash.families.tl.knobs import FwdKnobs
     from autoflash.varlen import packed
@@ -61,7 +63,9 @@ def test_forward_variants(knobs, causal):
     lse = torch.full((4, q.shape[0]), float("nan"), device=DEVICE)
     forward = codegen.load(FwdKnobs(**knobs), frozenset({"VARLEN"})).varlen_forward_plan(
         packed(q), packed(k), packed(v), packed(out), lse.unsqueeze(0), cu_q, cu_k[:-1], cu_k.diff(), 0.3, causal)
-    forward(packed(q), packed(k), packed(v), packed(out), lse.unsqueeze(0), cu_q, cu_k[:-1], cu_k.diff())
+    host = (np.array(lengths_q), np.array(lengths_k)) if on_host else None
+    forward(packed(q), packed(k), packed(v), packed(out), lse.unsqueeze(0), cu_q, cu_k[:-1],
+            None if on_host else cu_k.diff(), host=host)
     ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal, 0.3)
     assert relative_error(out, ref) < TOLERANCE[torch.float16]
     seen = torch.isfinite(ref_lse)
@@ -100,9 +104,12 @@ def grads_with_dlse(q, k, v, cu_q, cu_k, causal, dout, dlse):
     return q.grad, k.grad, v.grad
 
 
+@pytest.mark.parametrize("on_host", [True, False], ids=["host_tables", "device_tables"])
 @pytest.mark.parametrize("lengths_q, lengths_k, heads_q, heads_kv, causal, knobs", GRAD_CASES)
-def test_backward_matches_reference(lengths_q, lengths_k, heads_q, heads_kv, causal, knobs, monkeypatch):
+def test_backward_matches_reference(lengths_q, lengths_k, heads_q, heads_kv, causal, knobs, on_host, monkeypatch):
     force_knobs(monkeypatch, "bwd", **knobs)
+    if not on_host:  # as while a CUDA graph is captured: no lengths on the host, tables built on the device
+        monkeypatch.setattr(autoflash.varlen, "host_lengths", lambda *args: None)
     dtype = torch.float32
     q, k, v, cu_q, cu_k = packed_batch(lengths_q, lengths_k, heads_q, heads_kv, 32, dtype, seed=2)
     dout, dlse = torch.randn_like(q), torch.randn(heads_q, q.shape[0], device=DEVICE)

@@ -1,15 +1,15 @@
 """Launchers of the `tl` family's kernels over packed sequences (the VARLEN variant; PAGED where keys sit on
 pages of a KV cache): plain Python, the variant's knobs passed in as data, like launch.py, whose helpers they use
 (`base`, set by the loader, autoflash.resources.launcher, once this module has run). A file of its own, named for its variant, so the
-fingerprint of plain problems' kernels does not count it (codegen.template_fingerprint). Needs only torch and
-triton.
+fingerprint of plain problems' kernels does not count it (codegen.template_fingerprint). Needs only torch,
+triton and numpy.
 """
 
+import numpy as np
 import torch
 import triton
 
 base = None  # the module of templates/tl/launch.py, set by the loader
-
 
 
 def varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block, causal, count):
@@ -20,33 +20,59 @@ def varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block, causal, count):
     `rows_per_token`: query rows a token adds (the group size with pack_gqa, else 1); `block`: rows a block;
     at least one sequence."""
     lengths = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
+    entry = torch.arange(count, device=cu_seqlens_q.device)
+    return _tile_table(torch, lengths, seqlens_k.long(), entry, rows_per_token, block, causal).to(torch.int32)
+
+
+def host_tiles(lengths_q, seqlens_k, rows_per_token, block, causal, count):
+    """`varlen_tiles`' table, the same entries in the same order, from the lengths on the host (int64 numpy
+    arrays: the query rows and the keys of each sequence): a numpy int32 (2, count) array, no device work."""
+    return _tile_table(np, lengths_q, seqlens_k, np.arange(count), rows_per_token, block, causal).astype(np.int32)
+
+
+def _tile_table(xp, lengths, seqlens_k, entry, rows_per_token, block, causal):
+    """The tile table of `varlen_tiles` as int64, computed by the array library xp (torch or numpy) on the
+    arrays it holds: entry is arange(count)."""
     blocks = (lengths * rows_per_token + block - 1) // block
     ends = blocks.cumsum(0)
-    entry = torch.arange(count, device=cu_seqlens_q.device)
-    seq = torch.searchsorted(ends, entry, right=True)
-    valid = seq < lengths.numel()
-    seq = seq.clamp(max=lengths.numel() - 1)
+    seq = xp.searchsorted(ends, entry, side="right")
+    valid = seq < lengths.shape[0]
+    seq = seq.clip(max=lengths.shape[0] - 1)
     index = entry - (ends[seq] - blocks[seq])
-    keys = seqlens_k[seq].long()
+    keys = seqlens_k[seq]
     if causal:  # the block's last row sees the keys up to its position + seqlen_k - seqlen_q
-        last = torch.minimum((index + 1) * block, lengths[seq] * rows_per_token) // rows_per_token
-        keys = (last + keys - lengths[seq]).clamp(min=0).minimum(keys)
-    cost = torch.where(valid, keys, -1)
-    order = torch.argsort(cost, descending=True, stable=True)
-    return torch.stack((torch.where(valid, seq, -1)[order], index[order])).to(torch.int32).contiguous()
+        last = xp.minimum((index + 1) * block, lengths[seq] * rows_per_token) // rows_per_token
+        keys = xp.minimum((last + keys - lengths[seq]).clip(min=0), keys)
+    order = xp.argsort(-xp.where(valid, keys, -1), stable=True)  # the most keys first, ties in table order
+    return xp.stack((xp.where(valid, seq, -1)[order], index[order]))
+
+
+def to_device(arrays, device):
+    """int32 numpy arrays on `device` by one copy (from pinned memory, not waited for, on a GPU), each starting
+    16 bytes apart or more, as the kernels' pointer arguments are specialised on 16-byte alignment."""
+    starts = np.cumsum([0] + [-(-a.size // 4) * 4 for a in arrays])
+    staged = torch.empty(int(starts[-1]), dtype=torch.int32, pin_memory=device.type == "cuda")
+    values = staged.numpy()
+    for array, start in zip(arrays, starts):
+        values[start:start + array.size] = array.ravel()
+    moved = staged.to(device, non_blocking=True)
+    return [moved[start:start + array.size].view(array.shape) for array, start in zip(arrays, starts)]
 
 
 def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale, causal,
                         compile, pages=None):
-    """`forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table)` over packed sequences, for every call
-    shaped like this one (the shapes, strides and dtypes of every argument but the lengths' values, 16-byte
+    """`forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table, host)` over packed sequences, for
+    every call shaped like this one (the shapes, strides and dtypes of every argument but the lengths' values, 16-byte
     alignment, softmax_scale, causal, lse given or None). q, out: (1, heads_q, total_q, head_dim) views of
     packed (total_q, heads_q, head_dim) tensors; k, v: (1, heads_kv, rows, head_dim) views; each with unit last
     stride. Sequence s has the rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q and the seqlens_k[s] keys from row
     starts_k[s] of k and v (all int32 on q's device). lse: fp32 (1, heads_q, total_q) or None.
     pages: for a paged cache, (block_table (batch, max_pages) int32, page_size, page strides of k and v): row j of
     sequence s lies on page block_table[s, j // page_size] (k's first dim: pages) at row j % page_size (starts_k
-    then holds zeros). The grid is (table entries x heads, 1, kv_splits): `varlen_tiles`."""
+    then holds zeros). The grid is (table entries x heads, 1, kv_splits): `varlen_tiles`.
+    host: None, or the values of the lengths where the host holds them, int64 numpy arrays (the steps of
+    cu_seqlens_q, seqlens_k): the table is then built on the host (`host_tiles`) and comes over with seqlens_k in
+    one copy, no device work, and seqlens_k may be None (here and per call)."""
     _, heads_q, total_q, head_dim = q.shape
     heads_kv = k.shape[1]
     group = heads_q // heads_kv
@@ -67,7 +93,9 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     varlen = ("Cu_seqlens_q", "Starts_k", "Seqlens_k", "Tiles") + (("Pages",) if pages else ())
     paged = dict(stride_pages=pages[0].stride(0), page_size=pages[1], stride_kpage=pages[2],
                  stride_vpage=pages[3]) if pages else {}
-    tiles = varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block_m, causal, count)
+    if seqlens_k is None:  # only the layouts count here: the kernels are specialised on them
+        seqlens_k = torch.empty(batch, dtype=torch.int32, device=q.device)
+    tiles = torch.empty(2, count, dtype=torch.int32, device=q.device)
     main = compile(
         kernels._attn_fwd, (count * heads, 1, kv_splits),
         (q, k, v, main_out, main_lse, softmax_scale, *[s // unit for s in strides], heads_q, group, total_q, k.shape[2]),
@@ -78,13 +106,18 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
              **dict(zip(varlen, (cu_seqlens_q, starts_k, seqlens_k, tiles, *(pages[:1] if pages else ()))))),
         5, varlen)
 
-    def lengths(cu_seqlens_q, starts_k, seqlens_k, block_table):
-        tiles = varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block_m, causal, count)
+    def lengths(cu_seqlens_q, starts_k, seqlens_k, block_table, host):
+        if host is None:
+            tiles = varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block_m, causal, count)
+        else:
+            seqlens_k, tiles = to_device((host[1], host_tiles(*host, rows_per_token, block_m, causal, count)),
+                                         cu_seqlens_q.device)
         return (cu_seqlens_q, starts_k, seqlens_k, tiles) + ((block_table,) if pages else ())
 
     if kv_splits == 1:
-        def forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table=None):
-            main(q, k, v, out, out if lse is None else lse, *lengths(cu_seqlens_q, starts_k, seqlens_k, block_table))
+        def forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table=None, host=None):
+            main(q, k, v, out, out if lse is None else lse,
+                 *lengths(cu_seqlens_q, starts_k, seqlens_k, block_table, host))
         return forward
 
     # the splits' partial results merge as in the dense forward: over (1, heads_q, total_q) rows
@@ -95,21 +128,23 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
              BLOCK_M=32, num_warps=4, enable_fp_fusion=True),
         4)
 
-    def forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table=None):
+    def forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table=None, host=None):
         part_out = torch.empty(part_shape, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(part_shape[:3], dtype=torch.float32, device=q.device)
-        main(q, k, v, part_out, part_lse, *lengths(cu_seqlens_q, starts_k, seqlens_k, block_table))
+        main(q, k, v, part_out, part_lse, *lengths(cu_seqlens_q, starts_k, seqlens_k, block_table, host))
         combine(part_out, part_lse, out, out if lse is None else lse)
     return forward
 
 
 def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale,
                          causal, dlse, compile):
-    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k)` over packed sequences, for
+    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k, host)` over packed sequences, for
     every call shaped like this one (as `backward_plan`, the lengths' values aside): q, out, dout, dq (1, heads_q,
     total_q, head_dim) and k, v, dk, dv (1, heads_kv, total_k, head_dim) views of packed tensors; lse, dlse fp32
     (1, heads_q, total_q). The dK/dV programs run a table of (sequence, key block) pairs, the dQ pass one of
-    (sequence, query block) pairs (`varlen_tiles`). Writes dq, dk, dv."""
+    (sequence, query block) pairs (`varlen_tiles`). Writes dq, dk, dv. host: None, or the lengths of the
+    sequences' queries and keys as int64 numpy arrays: both tables are then built on the host and come over in one
+    copy."""
     _, heads_q, total_q, head_dim = q.shape
     heads_kv, total_k = k.shape[1], k.shape[2]
     batch = cu_seqlens_q.numel() - 1
@@ -121,11 +156,19 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
     varlen = ("Cu_seqlens_q", "Cu_seqlens_k", "Tiles")
     key_count, query_count = triton.cdiv(total_k, block_n) + batch, triton.cdiv(total_q, block_n) + batch
 
-    def key_tiles(cu_seqlens_q, cu_seqlens_k):  # by the query rows that can see them: their sequence's
-        return varlen_tiles(cu_seqlens_k, cu_seqlens_q[1:] - cu_seqlens_q[:-1], 1, block_n, False, key_count)
-
-    def query_tiles(cu_seqlens_q, cu_seqlens_k):
-        return varlen_tiles(cu_seqlens_q, cu_seqlens_k[1:] - cu_seqlens_k[:-1], 1, block_n, causal, query_count)
+    def tables(cu_seqlens_q, cu_seqlens_k, host):
+        """The dK/dV programs' table (key blocks, the most query rows of their sequence first), then the dQ
+        programs' unless dQ is atomic."""
+        if host is None:
+            lengths_q, lengths_k = cu_seqlens_q[1:] - cu_seqlens_q[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+            keys = varlen_tiles(cu_seqlens_k, lengths_q, 1, block_n, False, key_count)
+            return [keys] + ([] if atomic_dq else
+                             [varlen_tiles(cu_seqlens_q, lengths_k, 1, block_n, causal, query_count)])
+        lengths_q, lengths_k = host
+        keys = host_tiles(lengths_k, lengths_q, 1, block_n, False, key_count)
+        return to_device([keys] + ([] if atomic_dq else
+                                   [host_tiles(lengths_q, lengths_k, 1, block_n, causal, query_count)]),
+                         cu_seqlens_q.device)
 
     delta = torch.empty_like(lse)
     preprocess = compile(  # over (1, heads_q, total_q) rows, as the dense backward's
@@ -142,25 +185,27 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
          *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq_sum.stride()[:3],
          *dk.stride()[:3], *dv.stride()[:3], heads_q, heads_kv, heads_q // heads_kv, total_q, total_k),
         dict(tile, ATOMIC_DQ=atomic_dq, BLOCK_M=block_m, BLOCK_N=block_n,
-             **dict(zip(varlen, (*lengths, key_tiles(*lengths))))),
+             **dict(zip(varlen, (*lengths, torch.empty(2, key_count, dtype=torch.int32, device=q.device))))),
         9, varlen)
     dq_pass = None if atomic_dq else compile(
         kernels._attn_bwd_dq, (query_count * heads_q,),
         (q, k, v, dout, lse, delta, dq, softmax_scale,
          *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
          heads_q, heads_q // heads_kv, total_q, total_k),
-        dict(tile, BLOCK_M=block_n, BLOCK_N=block_m, **dict(zip(varlen, (*lengths, query_tiles(*lengths))))),
+        dict(tile, BLOCK_M=block_n, BLOCK_N=block_m,
+             **dict(zip(varlen, (*lengths, torch.empty(2, query_count, dtype=torch.int32, device=q.device))))),
         7, varlen)
 
-    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k):
+    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k, host=None):
         lengths = (cu_seqlens_q, cu_seqlens_k)
         delta = torch.empty_like(lse)
         preprocess(out, dout, lse if dlse is None else dlse, delta)
+        key_tiles, *query_tiles = tables(*lengths, host)
         if atomic_dq:
             dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-            dkdv(q, k, v, dout, lse, delta, dq_sum, dk, dv, *lengths, key_tiles(*lengths))
+            dkdv(q, k, v, dout, lse, delta, dq_sum, dk, dv, *lengths, key_tiles)
             dq.copy_(dq_sum)
             return
-        dkdv(q, k, v, dout, lse, delta, dq, dk, dv, *lengths, key_tiles(*lengths))
-        dq_pass(q, k, v, dout, lse, delta, dq, *lengths, query_tiles(*lengths))
+        dkdv(q, k, v, dout, lse, delta, dq, dk, dv, *lengths, key_tiles)
+        dq_pass(q, k, v, dout, lse, delta, dq, *lengths, *query_tiles)
     return backward
