@@ -114,6 +114,20 @@ def test_key_splits_only_where_sms_would_idle():
     assert not violations(FwdKnobs(block_m=16, num_warps=2, kv_splits=16), decode, H100)
 
 
+def test_packed_unequal_lengths_split_keys_up_to_sixteen_programs_an_sm():
+    """KV-cache decode over caches of unequal lengths: 256 programs (32 sequences x 8 KV heads, query heads
+    packed) get 8 splits (2048 programs on 132 SMs), where equal lengths (the dense problem) get none; a packed
+    prefill, thousands of programs, none either."""
+    decode = Problem(32, 64, 8, 1, 32768, 128, False, "bfloat16")
+    packed = dataclasses.replace(decode, variants=frozenset({"VARLEN"}))
+    assert default_knobs(packed, H100).kv_splits == 8
+    assert default_knobs(decode, H100).kv_splits == 1
+    assert not not_worth_timing(default_knobs(packed, H100), packed, H100)
+    prefill = Problem(16, 32, 8, 3563, 3563, 128, True, "bfloat16", frozenset({"VARLEN"}))
+    assert default_knobs(prefill, H100).kv_splits == 1
+    assert not_worth_timing(dataclasses.replace(default_knobs(prefill, H100), kv_splits=2), prefill, H100)
+
+
 def test_default_splits_keys_for_decode_only():
     decode = dataclasses.replace(PROBLEM, seqlen_q=1)
     assert default_knobs(decode, H100).kv_splits > 1

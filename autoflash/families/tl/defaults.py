@@ -9,8 +9,8 @@ problem at hand.
 from dataclasses import replace
 
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
-from autoflash.families.tl.limits import (grid_y, not_worth_timing, programs, query_rows, split_saves_columns,
-                                          tma_violations, violations)
+from autoflash.families.tl.limits import (grid_y, not_worth_timing, programs, query_rows, split_programs_per_sm,
+                                          split_saves_columns, tma_violations, violations)
 from autoflash.gpu import Gpu, tma_aligned
 from autoflash.knobs import MAX_GRID_Y, Knobs, head_dim_pad, next_power_of_2
 from autoflash.problem import Problem
@@ -97,17 +97,18 @@ def split_head_dim(knobs: Knobs, problem: Problem) -> Knobs:
 
 def split_keys(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
     """Where the query tiles alone leave most SMs idle (decode, batch 1 with few heads), split the keys:
-    the most splits (a power of two) that keep the programs within two per SM and each split two key
-    blocks or more. H100 (benchmarks/NOTES.md, 17.): 64 programs of 1024 x 16384 keys ran 1.9x faster
+    the most splits (a power of two) that keep the programs within `split_programs_per_sm` per SM (2; 16 for
+    packed sequences of unequal lengths) and each split two key blocks or more; none where the programs already
+    fill a quarter of that. H100 (benchmarks/NOTES.md, 17.): 64 programs of 1024 x 16384 keys ran 1.9x faster
     with 4 splits; 128 programs of 4096 x 4096 keys ran 12% slower with 2."""
     if not isinstance(knobs, FwdKnobs):
         return knobs
-    count = programs(knobs, problem)
-    if 2 * count > gpu.multiprocessors:
+    count, per_sm = programs(knobs, problem), split_programs_per_sm(problem)
+    if 4 * count > per_sm * gpu.multiprocessors:
         return knobs
     for splits in sorted(FwdKnobs.choices()["kv_splits"], reverse=True):
         candidate = replace(knobs, kv_splits=splits)
-        if count * splits <= 2 * gpu.multiprocessors and not not_worth_timing(candidate, problem, gpu):
+        if count * splits <= per_sm * gpu.multiprocessors and not not_worth_timing(candidate, problem, gpu):
             return candidate
     return knobs
 

@@ -118,6 +118,13 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     return why
 
 
+def split_programs_per_sm(problem: Problem) -> int:
+    """Programs per SM up to which splitting the keys pays: 2 where every sequence has the problem's lengths
+    (benchmarks/NOTES.md 17.); 16 for packed sequences of unequal lengths, where the longest sequence's programs
+    alone set the time and one program per SM reads far below its share of bandwidth (K1.)."""
+    return 16 if "VARLEN" in problem.variants else 2
+
+
 def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Valid variants the tuner skips because they cannot win: tiles far smaller than the problem
     leave the tensor cores idle (Hopper's wgmma works on 64 rows a warpgroup), warps that
@@ -136,8 +143,9 @@ def not_worth_timing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
                        f"fewer than one tile of {head_dim_pad(problem.head_dim)}")
         if knobs.schedule == "longest_first" and not problem.causal:
             why.append("without causal masking every query block does the same work: no order to choose")
-        if knobs.kv_splits > 1 and count >= 2 * gpu.multiprocessors:
-            why.append(f"{count} programs already fill {gpu.multiprocessors} SMs twice: no key split")
+        per_sm = split_programs_per_sm(problem)
+        if knobs.kv_splits > 1 and count >= per_sm * gpu.multiprocessors:
+            why.append(f"{count} programs already fill {gpu.multiprocessors} SMs {per_sm} times: no key split")
         if knobs.kv_splits > 1 and cdiv(problem.seqlen_k, knobs.block_n) < 2 * knobs.kv_splits:
             why.append(f"{knobs.kv_splits} key splits of seqlen_k {problem.seqlen_k} hold less than 2 blocks each")
         small_m, small_n, mma_rows, extent = 64, 32, knobs.block_m, rows
