@@ -12,6 +12,7 @@ Dispatch key: the Problem (batch, heads, seqlen_q, seqlen_k = the cache's capaci
 plus PAGED for a paged cache); untuned, it runs the nearest tuned dense problem's winner fitted to it.
 """
 
+import numpy as np
 import torch
 
 from autoflash import checks
@@ -41,8 +42,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
     Returns:
         out (batch, seqlen_q, heads_q, head_dim); with return_lse, (out, lse).
 
-    The values of cache_seqlens and block_table are checked on the host (one synchronisation) except while a CUDA
-    graph is being captured.
+    The values of cache_seqlens and block_table are checked on the host (one synchronisation; the kernels' tile
+    table is then built there too) except while a CUDA graph is being captured.
     """
     batch, seqlen_q, heads_q, head_dim = _check_shapes(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     checks.check_flags(causal=causal, return_lse=return_lse)
@@ -50,10 +51,12 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
     new = 0 if k is None else k.shape[1]
     page_size = k_cache.shape[1]
     capacity = block_table.shape[1] * page_size if block_table is not None else k_cache.shape[1]
-    _check_values(cache_seqlens, block_table, new, capacity, k_cache.shape[0])
+    lengths = _check_values(cache_seqlens, block_table, new, capacity, k_cache.shape[0])
     if k is not None:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
-    seqlens_k = cache_seqlens + new if new else cache_seqlens
+    # the sequences' query rows and keys on the host, the tile table built from them (else on the device)
+    host = None if lengths is None else (np.full(batch, seqlen_q, dtype=np.int64), lengths)
+    seqlens_k = None if host is not None else cache_seqlens + new if new else cache_seqlens
     rows = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     packed_q = q.reshape(batch * seqlen_q, heads_q, head_dim)
     out = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=q.dtype, device=q.device)
@@ -64,11 +67,11 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
         keys, values = (cache.as_strided(((batch - 1) * step + cache.shape[1], *cache.shape[2:]), cache.stride()[1:])
                         for cache, step in ((k_cache, line[0]), (v_cache, line[1])))
         packed_forward(packed_q, keys, values, out.view(packed_q.shape), lse, rows * seqlen_q, rows[:-1] * line[0],
-                       seqlens_k, seqlen_q, capacity, causal, scale)
+                       seqlens_k, seqlen_q, capacity, causal, scale, host=host)
     else:
         pages = (block_table, page_size, k_cache.stride(0), v_cache.stride(0))
         packed_forward(packed_q, k_cache[0], v_cache[0], out.view(packed_q.shape), lse, rows * seqlen_q,
-                       torch.zeros_like(rows[:-1]), seqlens_k, seqlen_q, capacity, causal, scale, pages)
+                       torch.zeros_like(rows[:-1]), seqlens_k, seqlen_q, capacity, causal, scale, pages, host)
     if return_lse:
         return out, lse.view(heads_q, batch, seqlen_q).transpose(0, 1)
     return out
@@ -132,19 +135,21 @@ def _check_shapes(q, k_cache, v_cache, cache_seqlens, block_table, k, v):
 
 
 def _check_values(cache_seqlens, block_table, new, capacity, num_pages):
-    """cache_seqlens + new within the cache's capacity, the block table's used entries valid pages (on the host:
-    one synchronisation, skipped while a CUDA graph is captured)."""
+    """Each sequence's keys after the append, cache_seqlens + new, on the host (an int64 numpy array), checked
+    within the cache's capacity, and the block table's used entries valid pages: one synchronisation. None while
+    a CUDA graph is captured (nothing is checked then)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return
+        return None
     lengths = cache_seqlens + new
-    flags = [lengths.min() if lengths.numel() else lengths.new_zeros(()), lengths.max() if lengths.numel() else
-             lengths.new_zeros(())]
+    values = [lengths.to(torch.int64)]
     if block_table is not None:
         page_size = capacity // block_table.shape[1]
         used = torch.arange(block_table.shape[1], device=block_table.device) < (lengths[:, None] + page_size - 1) \
             // page_size
-        flags.append((((block_table < 0) | (block_table >= num_pages)) & used).sum())
-    shortest, longest, *bad_pages = torch.stack(flags).tolist()
+        values.append((((block_table < 0) | (block_table >= num_pages)) & used).sum().view(1))
+    values = torch.cat(values).cpu().numpy()
+    lengths, bad_pages = values[:cache_seqlens.numel()], values[cache_seqlens.numel():].tolist()
+    shortest, longest = (int(lengths.min()), int(lengths.max())) if lengths.size else (0, 0)
     if shortest - new < 0:
         raise ValueError(f"cache_seqlens must be >= 0, got {shortest - new}")
     if longest > capacity:
@@ -153,3 +158,4 @@ def _check_values(cache_seqlens, block_table, new, capacity, num_pages):
     if bad_pages and bad_pages[0]:
         raise ValueError(f"block_table lists {bad_pages[0]} pages outside 0..{num_pages - 1} among those the "
                          "sequences use: every used entry must index k_cache's first dimension")
+    return lengths
