@@ -10,6 +10,11 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gbwd    $OUT   # variants' and varlen's GPU tests; the Gluon
 #                                                                       backward's checks, tests and speed
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh variants $OUT  # window/softcap/ALiBi beside FlexAttention
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh sweeps  $OUT   # varlen/KV-cache: tests, host tables, key splits
+#                                                                       (NOTES V1, K1), compile overhead (issue 19)
+# On the 2-GPU kind (nvidia-h200-x2):
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
+#   . .device/setup.sh && bash benchmarks/multi_gpu_tune.sh   $OUT   # a campaign on 1 GPU and on 2 (issue 19)
 # Logs and JSON lines land in $OUT (the device tool brings them back); copy what NOTES cite to benchmarks/results/.
 # A machine may be a fresh one at every call: after fwd and after bwd, copy the returned h100.db over
 # tuning_db/h100.db here before the next step (bwd retunes on top of fwd's records; bench reads both).
@@ -76,7 +81,24 @@ variants)
     python benchmarks/variants.py --out "$out/${day}_h100_variants.jsonl" > "$out/${day}_h100_variants.log" 2>&1
     echo "variants bench rc $?"; cat "$out/${day}_h100_variants.log" | grep -v Warning
     ;;
+sweeps)
+    timeout 200 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py tests/test_varlen.py \
+        tests/test_varlen_tables.py tests/test_kvcache.py > "$out/${day}_gpu_tests_sweeps.log" 2>&1
+    echo "varlen/kvcache gpu tests rc $?"; tail -3 "$out/${day}_gpu_tests_sweeps.log"
+    python benchmarks/kvcache_decode.py --out "$out/${day}_kvcache_splits.jsonl" \
+        --knobs '[{}, {"kv_splits": 1}, {"kv_splits": 2}, {"kv_splits": 4}, {"kv_splits": 16}]' 2>&1 | grep -v Warn
+    python benchmarks/varlen.py --out "$out/${day}_varlen_knobs.jsonl" \
+        --knobs '[{}, {"num_warps": 8}, {"block_n": 128, "num_warps": 8}, {"num_stages": 3}]' 2>&1 | grep -v Warn
+    python benchmarks/compile_overhead.py --out "$out/${day}_compile_overhead.jsonl" 2>&1 | grep -v Warn
+    ;;
+ring)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
+    python -m pytest -q -m gpu tests/test_ring_attention.py -k two_gpus 2>&1 | tail -n 2
+    torchrun --nproc-per-node 2 benchmarks/ring_attention.py --reps 10 --out "$out/${day}_ring_attention.jsonl" \
+        > "$out/${day}_ring_attention.log" 2>&1
+    echo "ring rc $?"; grep '"speed"' "$out/${day}_ring_attention.jsonl"
+    ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps ring" >&2; exit 2
     ;;
 esac
