@@ -182,10 +182,13 @@ def test_backward_delta_kernel():
                  for _ in range(2))
     lse, dlse = (torch.randn(batch, heads, seqlen, generator=gen) for _ in range(2))
     lse[0, 1, :5] = -math.inf
-    lse2, delta = torch.full_like(lse, math.nan), torch.full_like(lse, math.nan)
+    # the outputs are (batch * heads, seqlen) rows padded to a multiple of 4 (TMA's 16-byte strides)
+    lse2, delta = (torch.full((batch * heads, 80), math.nan) for _ in range(2))
     kernels = codegen.load(BwdKnobs()).kernels
     kernels._attn_bwd_delta[(2, batch * heads)](out, dout, lse, dlse, lse2, delta, *out.stride()[:3],
-                                                *dout.stride()[:3], heads, seqlen, HEAD_DIM=head_dim, BLOCK_D=64,
-                                                HAS_DLSE=True, ROWS=64)
-    torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1) - dlse)
-    torch.testing.assert_close(lse2, torch.where(lse == -math.inf, 0.0, lse * math.log2(math.e)))
+                                                *dout.stride()[:3], lse2.stride(0), heads, seqlen,
+                                                HEAD_DIM=head_dim, BLOCK_D=64, HAS_DLSE=True, ROWS=64)
+    torch.testing.assert_close(delta[:, :seqlen].view(lse.shape), (out.float() * dout.float()).sum(-1) - dlse)
+    torch.testing.assert_close(lse2[:, :seqlen].view(lse.shape),
+                               torch.where(lse == -math.inf, 0.0, lse * math.log2(math.e)))
+    assert lse2[:, seqlen:].isnan().all() and delta[:, seqlen:].isnan().all(), "the padding is not written"
