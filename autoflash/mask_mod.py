@@ -104,8 +104,8 @@ def _render(fn) -> Rendered:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError) as e:
         raise TypeError(f"mask_mod {name}: its source cannot be read ({e}): define it with def in a file") from None
-    (definition,) = tree.body
-    params = _checked_signature(name, definition)
+    params = _checked_signature(name, tree.body[0])
+    definition = tree.body[0]
     body = [s for s in definition.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
                                                  and isinstance(s.value.value, str))]  # (the docstring goes)
     if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
@@ -131,7 +131,7 @@ def _render(fn) -> Rendered:
 
 def _checked_signature(name, definition) -> list[str]:
     if not isinstance(definition, ast.FunctionDef) or definition.decorator_list:
-        raise TypeError(f"mask_mod {name} must be a plain def without decorators")
+        raise TypeError(f"mask_mod {name} must be a plain def without decorators (a function of its own source)")
     args = definition.args
     if args.vararg or args.kwarg or args.kwonlyargs or args.defaults or args.posonlyargs:
         raise TypeError(f"mask_mod {name}: take plain parameters (b, h, q_idx, kv_idx, *captured tensors): no *args, "

@@ -9,6 +9,7 @@ import torch
 import autoflash
 from autoflash import checks, codegen
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
+from autoflash.launch import compile_launch
 from autoflash.mask_mod import MaskMod
 from autoflash.problem import Problem
 from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, attention_reference, gradient_errors
@@ -174,8 +175,9 @@ def test_block_table_counts_the_blocks(causal):
     q, k, _ = make_qkv(batch, heads, heads, seqlen_q, seqlen_k, 16, torch.float16, DEVICE)
     kernels = codegen.load(FwdKnobs(block_m=16, block_n=32), frozenset({"MASK_MOD"}), mod.rendered).kernels
     variant = checks.variant_args(causal, (-1, -1), seqlen_q, seqlen_k, 0.0, None, mod)
-    tables = launcher("tl", "mask_mod")._Tables(kernels, variant, q, k, causal, [("Mask_rows", 16, 32)])
-    states = tables._states(mod.captures, 16, 32)
+    tables = launcher("tl", "mask_mod")._Tables(kernels, variant, q, k, causal, [("Mask_rows", 16, 32)],
+                                                compile_launch)
+    states = tables.evaluated(0, mod.captures)
     expected = brute_force_states(mod, 1, heads, seqlen_q, seqlen_k, 16, 32, causal)
     assert states.shape == (1, heads, 8, 3) and torch.equal(states, expected)
     assert (expected == 0).any() and (expected == 2).any() and (expected == 1).any()  # all three kinds occur

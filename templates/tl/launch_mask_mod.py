@@ -29,7 +29,7 @@ _STRIDES = {"Mask_rows": ("stride_rows_b", "stride_rows_h", "stride_rows_m"),
 
 def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile, variant, fixed):
     """`forward(q, k, v, out, lse, *variant tensors)`: the fixed variants' forward plan with the mask's table."""
-    tables = _Tables(kernels, variant, q, k, causal, [("Mask_rows", knobs["block_m"], knobs["block_n"])])
+    tables = _Tables(kernels, variant, q, k, causal, [("Mask_rows", knobs["block_m"], knobs["block_n"])], compile)
     plan = fixed.forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile, tables.variant)
 
     def forward(q, k, v, out, lse, *tensors):
@@ -44,7 +44,7 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     pass's (block_n query rows by block_m keys; none where dQ is added atomically)."""
     block_m, block_n = knobs["block_m"], knobs["block_n"]
     layouts = [("Mask_cols", block_m, block_n)] + ([("Mask_rows", block_n, block_m)] if knobs["dq"] != "atomic" else [])
-    tables = _Tables(kernels, variant, q, k, causal, layouts)
+    tables = _Tables(kernels, variant, q, k, causal, layouts, compile)
     plan = fixed.backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse,
                                compile, tables.variant)
 
@@ -55,21 +55,29 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
 
 class _Tables:
     """The block tables of one plan (`layouts`: (tensor parameter, block_m query rows, block_n keys) each, by key
-    block for Mask_cols) for a call's captures; `variant`: the plan's variant, the tables and their strides added."""
+    block for Mask_cols) for a call's captures; `variant`: the plan's variant, the tables and their strides added.
+    `_mask_mod_states` is compiled once per layout (`compile`, as launch.py's kernels)."""
 
-    def __init__(self, kernels, variant, q, k, causal, layouts):
+    def __init__(self, kernels, variant, q, k, causal, layouts, compile):
         mask = variant["mask"]
-        self.kernels, self.causal, self.layouts, self.count = kernels, causal, layouts, mask["captures"]
-        self.device = q.device
-        self.shape = (q.shape[0] if mask["per_batch"] else 1, q.shape[1] if mask["per_head"] else 1, q.shape[2],
-                      k.shape[2])
+        self.layouts, self.count, self.device = layouts, mask["captures"], q.device
+        batch, heads = q.shape[0] if mask["per_batch"] else 1, q.shape[1] if mask["per_head"] else 1
         self.seen, self.tables = None, None
         tensors = variant["tensors"]
+        captures = self._captures(tuple(tensors.values()))
+        self.states = []  # per layout: (its shape, the compiled kernel that fills it)
+        for _, block_m, block_n in layouts:
+            shape = (batch, heads, triton.cdiv(q.shape[2], block_m), triton.cdiv(k.shape[2], block_n))
+            states = torch.empty(shape, dtype=torch.int8, device=q.device)
+            self.states.append((shape, compile(
+                kernels._mask_mod_states, (shape[2], shape[3], batch * heads),
+                (states, *captures, q.shape[2], k.shape[2], heads, *(t.numel() for t in captures)),
+                dict(IS_CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n), 1 + self.count)))
         tables = self.of(tuple(tensors.values()))
         args = dict(variant["args"])
         for (name, _, _), table in zip(layouts, tables):
-            batch, heads, row = table.stride()[:3]
-            args.update(zip(_STRIDES[name], (batch * (self.shape[0] > 1), heads * (self.shape[1] > 1), row)))
+            stride_b, stride_h, stride_row = table.stride()[:3]
+            args.update(zip(_STRIDES[name], (stride_b * (batch > 1), stride_h * (heads > 1), stride_row)))
         args.update((f"capture_len{i}", t.numel()) for i, t in enumerate(self._captures(tuple(tensors.values()))))
         self.variant = dict(variant, tensors={**tensors, **{name: t for (name, _, _), t in zip(layouts, tables)}},
                             args=args)
@@ -84,18 +92,16 @@ class _Tables:
         seen = [(t, t._version) for t in captures]
         if self.seen is None or len(seen) != len(self.seen) or \
                 any(t is not s or version != s_version for (t, version), (s, s_version) in zip(seen, self.seen)):
-            self.tables = [_lists(self._states(captures, block_m, block_n), name == "Mask_cols")
-                           for name, block_m, block_n in self.layouts]
+            self.tables = [_lists(self.evaluated(i, captures), name == "Mask_cols")
+                           for i, (name, _, _) in enumerate(self.layouts)]
             self.seen = seen
         return self.tables
 
-    def _states(self, captures, block_m, block_n):
-        batch, heads, seqlen_q, seqlen_k = self.shape
-        rows, cols = triton.cdiv(seqlen_q, block_m), triton.cdiv(seqlen_k, block_n)
-        states = torch.empty((batch, heads, rows, cols), dtype=torch.int8, device=self.device)
-        self.kernels._mask_mod_states[(rows, cols, batch * heads)](
-            states, *captures, seqlen_q, seqlen_k, heads, *(t.numel() for t in captures), IS_CAUSAL=self.causal,
-            BLOCK_M=block_m, BLOCK_N=block_n)
+    def evaluated(self, layout: int, captures):
+        """The states of the tiles of layouts[layout] for these captures."""
+        shape, launch = self.states[layout]
+        states = torch.empty(shape, dtype=torch.int8, device=self.device)
+        launch(states, *captures)
         return states
 
 
