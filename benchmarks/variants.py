@@ -124,7 +124,8 @@ def main():
         if args.cases and name not in args.cases.split(","):
             continue
         mod = mods.get(fields.get("mask_mod"))
-        problem = Problem.from_tensors(q, k, causal).with_variants(**{n: f for n, f in fields.items() if n != "mask_mod"})
+        fixed = {n: f for n, f in fields.items() if n != "mask_mod"}
+        problem = Problem.from_tensors(q, k, causal).with_variants(**fixed)
         kwargs = dict(variant_kwargs(problem, q.device), causal=causal)
         flex = flex_call(problem, kwargs, q.device)
         if mod is not None:
