@@ -24,6 +24,7 @@ from autoflash import families
 from autoflash._version import __version__
 from autoflash.knobs import Knobs
 from autoflash.launch import compile_launch
+from autoflash.mask_mod import Rendered
 from autoflash.problem import VARIANTS
 from autoflash.resources import data_dir, launcher
 
@@ -35,13 +36,17 @@ _env = jinja2.Environment(
     keep_trailing_newline=True,
 )
 
+# The launcher parts (templates/<family>/launch_<part>.py) of the fixed variants' plans (window, softcap, ALiBi)
+# and of a mask_mod's, which builds on them.
+FIXED_VARIANTS, MASK_MOD = "window_softcap_alibi", "mask_mod"
+
 
 @lru_cache(maxsize=None)
 def template_fingerprint(family: str, direction: str = "fwd", variants: frozenset[str] = frozenset()) -> str:
     """Hash of what one family's `direction` kernels come from, for problems using `variants` (names of
     problem.VARIANTS): every file of templates/common/ and of templates/<family>/ (its launchers included) but
     those named for another direction or an unused variant (attn_bwd.py.jinja counts for the backward alone,
-    launch_varlen.py for VARLEN problems alone); templates as parsed,
+    launch_varlen.py for VARLEN problems alone, _mask_mod.py.jinja for MASK_MOD ones); templates as parsed,
     with the blocks gated on a variant not in `variants` cut out (`_ungated`). So adding a variant's code to the
     templates leaves a plain problem's fingerprint, and its tuned records, as they were. Records and cached
     kernels of other template text are never used."""
@@ -51,7 +56,9 @@ def template_fingerprint(family: str, direction: str = "fwd", variants: frozense
     digest = hashlib.sha256()
     for path in sorted([*(root / "common").iterdir(), *(root / family).iterdir()]):
         # (a file named for variants, launch_window_softcap_alibi.py, counts for problems using one of them)
-        named = {part.upper() for part in re.split(r"[_.]", path.name)} & set(VARIANTS)
+        named = {name for name in VARIANTS if re.search(rf"(^|_){name.lower()}[_.]", path.name)}
+        if path.name == f"launch_{FIXED_VARIANTS}.py":
+            named.add("MASK_MOD")  # (launch_mask_mod.py builds on it)
         if path.is_file() and not any(f"_{d}." in path.name for d in others) and not (named and named <= unused):
             content = path.read_bytes()
             if path.name.endswith(".jinja"):
@@ -137,24 +144,27 @@ def render_template(name: str, **context) -> str:
                                           **context)
 
 
-def render(knobs: Knobs, extra_header: tuple[str, ...] = (), variants: frozenset[str] = frozenset()) -> str:
+def render(knobs: Knobs, extra_header: tuple[str, ...] = (), variants: frozenset[str] = frozenset(),
+           mask_mod: Rendered | None = None) -> str:
     """Python source of the variant's kernels for problems using `variants` (its family's launcher starts them:
-    `Variant`). Each name of problem.VARIANTS is a template gate, true where used."""
+    `Variant`). Each name of problem.VARIANTS is a template gate, true where used; MASK_MOD problems' kernels
+    hold their `mask_mod` (autoflash/mask_mod.py)."""
     fingerprint = template_fingerprint(knobs.family, knobs.DIRECTION, variants)
     gates = {name: name in variants for name in VARIANTS}
+    if ("MASK_MOD" in variants) != (mask_mod is not None):
+        raise ValueError("a MASK_MOD problem's kernels are rendered with its mask_mod, and only theirs: pass the mod "
+                         "(a tuning database holds its fingerprint, not its function)")
+    mod = {} if mask_mod is None else dict(MASK_MOD_SOURCE=mask_mod.source, MASK_MOD_CAPTURES=mask_mod.captures)
     return render_template(template_name(knobs), TEMPLATE=template_name(knobs), FINGERPRINT=fingerprint,
-                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **gates,
+                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **gates, **mod,
                            **knobs.template_context())
 
 
-def kernel_key(knobs: Knobs, variants: frozenset[str] = frozenset()) -> str:
-    text = "|".join((knobs.DIRECTION, template_fingerprint(knobs.family, knobs.DIRECTION, variants), knobs.to_json(),
-                     __version__, triton.__version__))
+def kernel_key(knobs: Knobs, variants: frozenset[str] = frozenset(), mask_mod: Rendered | None = None) -> str:
+    parts = (knobs.DIRECTION, template_fingerprint(knobs.family, knobs.DIRECTION, variants), knobs.to_json(),
+             __version__, triton.__version__)
+    text = "|".join(parts if mask_mod is None else (*parts, mask_mod.source))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-# The launcher part (templates/<family>/launch_<part>.py) of the fixed variants' plans (window, softcap, ALiBi).
-FIXED_VARIANTS = "window_softcap_alibi"
 
 
 class Variant:
@@ -173,8 +183,11 @@ class Variant:
         if variant is None:
             return self.launcher.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal,
                                               compile)
-        return launcher(self.knobs.family, FIXED_VARIANTS).forward_plan(
-            self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile, variant)
+        fixed = launcher(self.knobs.family, FIXED_VARIANTS)
+        if "mask" in variant:
+            return launcher(self.knobs.family, MASK_MOD).forward_plan(
+                self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile, variant, fixed)
+        return fixed.forward_plan(self.kernels, self._data, q, k, v, out, lse, softmax_scale, causal, compile, variant)
 
     def backward_plan(self, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale: float, causal: bool, dlse,
                       compile=compile_launch, variant=None):
@@ -183,9 +196,13 @@ class Variant:
         if variant is None:
             return self.launcher.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv,
                                                softmax_scale, causal, dlse, compile)
-        return launcher(self.knobs.family, FIXED_VARIANTS).backward_plan(
-            self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile,
-            variant)
+        fixed = launcher(self.knobs.family, FIXED_VARIANTS)
+        if "mask" in variant:
+            return launcher(self.knobs.family, MASK_MOD).backward_plan(
+                self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile,
+                variant, fixed)
+        return fixed.backward_plan(self.kernels, self._data, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale,
+                                   causal, dlse, compile, variant)
 
     def varlen_forward_plan(self, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale: float,
                             causal: bool, pages=None, compile=compile_launch):
@@ -226,16 +243,17 @@ _variants: dict[str, Variant] = {}
 _lock = threading.Lock()
 
 
-def load(knobs: Knobs, variants: frozenset[str] = frozenset()) -> Variant:
-    """The variant of `knobs` for problems using `variants`, its kernels rendered, written and imported on first
-    use (once per process)."""
-    key = kernel_key(knobs, variants)
+def load(knobs: Knobs, variants: frozenset[str] = frozenset(), mask_mod: Rendered | None = None) -> Variant:
+    """The variant of `knobs` for problems using `variants` (and `mask_mod`), its kernels rendered, written and
+    imported on first use (once per process)."""
+    key = kernel_key(knobs, variants, mask_mod)
     variant = _variants.get(key)
     if variant is not None:
         return variant
     with _lock:
         if key not in _variants:
-            _variants[key] = Variant(knobs, _import(key, _write(key, render(knobs, variants=variants))))
+            source = render(knobs, variants=variants, mask_mod=mask_mod)
+            _variants[key] = Variant(knobs, _import(key, _write(key, source)))
         return _variants[key]
 
 

@@ -4,6 +4,8 @@ import math
 
 import torch
 
+from autoflash.mask_mod import as_mask_mod
+
 # Largest ‖out − ref‖ / ‖ref‖ accepted from a kernel: the rounding of P and of the output to fp16
 # costs ~1e-3, to bf16 ~1e-2; fp32 kernels compute in fp32 throughout.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -29,29 +31,31 @@ def gradient_errors(grads, refs) -> list[float]:
 
 
 def attention_reference(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64, window_size=(-1, -1),
-                        softcap=0.0, alibi_slopes=None):
+                        softcap=0.0, alibi_slopes=None, mask_mod=None):
     """Attention with the same conventions as `autoflash.attention`, the full score matrix built.
 
     q: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k, head_dim).
     Variants as in flash-attn: window_size (left, right) keys either side of the bottom-right diagonal (-1:
     unbounded), softcap (scores s become softcap·tanh(s / softcap); 0: off), alibi_slopes ((heads_q,) or
-    (batch, heads_q): -slope·|i + seqlen_k - seqlen_q - j| added to the scores, after the softcap).
+    (batch, heads_q): -slope·|i + seqlen_k - seqlen_q - j| added to the scores, after the softcap), and
+    mask_mod (a function or autoflash.MaskMod: the pairs it refuses are masked, beside the others).
     Returns (out, lse): out like q in `dtype`; lse (batch, heads_q, seqlen_q), natural log.
     Rows that see no key (bottom-right causal with seqlen_q > seqlen_k, a window beside every key) give out 0
     and lse -inf.
     """
-    probs, lse, v, _ = _probabilities(q, k, v, causal, softmax_scale, dtype, window_size, softcap, alibi_slopes)
+    probs, lse, v, _ = _probabilities(q, k, v, causal, softmax_scale, dtype, window_size, softcap, alibi_slopes,
+                                      mask_mod)
     return torch.matmul(probs, v), lse
 
 
 def attention_backward_reference(q, k, v, dout, causal=False, softmax_scale=None, dlse=None, dtype=torch.float64,
-                                 window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                                 window_size=(-1, -1), softcap=0.0, alibi_slopes=None, mask_mod=None):
     """(dq, dk, dv) in `dtype`: the gradients of sum(out * dout) + sum(lse * dlse) for attention_reference's
     (out, lse), by the explicit formulas (dS = P * (dP - rowsum(dO * O) + dlse), times 1 - tanh² of the capped
     scores under softcap); GQA sums dk, dv over the query heads of each KV head."""
     scale = _scale(softmax_scale, q.shape[-1])
     probs, _, v_rep, capped = _probabilities(q, k, v, causal, softmax_scale, dtype, window_size, softcap,
-                                             alibi_slopes)
+                                             alibi_slopes, mask_mod)
     q, dout = q.to(dtype), dout.to(dtype)
     k_rep = k.to(dtype).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     delta = (dout * torch.matmul(probs, v_rep)).sum(-1, keepdim=True)
@@ -87,7 +91,8 @@ def _scale(softmax_scale, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
 
 
-def _probabilities(q, k, v, causal, softmax_scale, dtype, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+def _probabilities(q, k, v, causal, softmax_scale, dtype, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                   mask_mod=None):
     """(P, lse, v repeated per query head, tanh(s / softcap) or None) in `dtype`."""
     scale = _scale(softmax_scale, q.shape[-1])
     group = q.shape[1] // k.shape[1]
@@ -114,6 +119,8 @@ def _probabilities(q, k, v, causal, softmax_scale, dtype, window_size=(-1, -1), 
         scores = scores.masked_fill(offset > right, float("-inf"))
     if left != -1:
         scores = scores.masked_fill(offset < -left, float("-inf"))
+    if mask_mod is not None:
+        scores = scores.masked_fill(~as_mask_mod(mask_mod).mask(*scores.shape, q.device), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     # A row that sees no key has lse -inf; clamping keeps exp(-inf - lse) at 0 instead of nan.
     probs = torch.exp(scores - lse[..., None].clamp(min=torch.finfo(dtype).min))

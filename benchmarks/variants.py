@@ -1,7 +1,11 @@
 """Issue 16's variants beside plain attention and FlexAttention, one GPU: forward and backward times of
 autoflash.attention (its database's kernel for the problem, else the heuristic default), of FlexAttention
 (torch.compile'd, the same variant as score_mod / block mask) and, for the plain cases, of plain SDPA (no backend
-forced), all in one run; TFLOP/s count only the pairs that attend (`Problem.flops`). A line of JSON per case.
+forced), all in one run; TFLOP/s count only the pairs that attend (`Problem.flops`; the mask_mod cases count the
+pairs their mask keeps, from the mask itself). A line of JSON per case. The mask_mod cases ("documents": 8
+documents of equal length, "prefix-lm": a prefix of 1/8 of the tokens visible to all, causal after it) run one mod
+in both: autoflash.MaskMod and FlexAttention's mask_mod with its create_block_mask (block mask time not counted,
+nor autoflash's block table, built at the first call).
 
     python benchmarks/variants.py --seqlen 32768 --heads 32/8 --head-dim 128 --out variants.jsonl
 """
@@ -15,7 +19,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from triton.testing import do_bench
 
 import autoflash
-from autoflash.problem import Problem
+from autoflash.problem import BWD_FLOP_RATIO, Problem
 from autoflash.tune.trial import TUNING_SOFTCAP, variant_kwargs
 
 CASES = {  # name -> (causal, the problem's variant fields: Problem.with_variants)
@@ -25,7 +29,35 @@ CASES = {  # name -> (causal, the problem's variant fields: Problem.with_variant
     "causal alibi": (True, dict(alibi=True)),
     "full": (False, dict()),
     "full softcap": (False, dict(softcap=True)),
+    "documents": (False, dict(mask_mod="documents")),
+    "causal documents": (True, dict(mask_mod="documents")),
+    "prefix-lm": (False, dict(mask_mod="prefix-lm")),
 }
+
+
+def same_document(b, h, q_idx, kv_idx, document_id):
+    return document_id[q_idx] == document_id[kv_idx]
+
+
+def prefix_lm(b, h, q_idx, kv_idx, prefix):
+    return (kv_idx < prefix[0]) | (kv_idx <= q_idx)
+
+
+def mask_mods(seqlen: int, device) -> dict:
+    """The cases' mods: 8 documents of seqlen / 8 tokens; a prefix of seqlen / 8 tokens."""
+    document_id = torch.arange(seqlen, device=device, dtype=torch.int32) // -(-seqlen // 8)
+    prefix = torch.tensor([seqlen // 8], device=device, dtype=torch.int32)
+    return {"documents": autoflash.MaskMod(same_document, document_id),
+            "prefix-lm": autoflash.MaskMod(prefix_lm, prefix)}
+
+
+def flex_mask_call(mod, causal: bool, problem: Problem, device):
+    """FlexAttention with `mod` (an autoflash.MaskMod: the same function and tensors) and causal masking."""
+    def mask_mod(b, h, i, j):
+        seen = mod.fn(b, h, i, j, *mod.captures)
+        return seen & (j <= i) if causal else seen
+    block_mask = create_block_mask(mask_mod, None, None, problem.seqlen_q, problem.seqlen_k, device=device)
+    return lambda q, k, v: _flex(q, k, v, block_mask=block_mask, enable_gqa=problem.heads_q != problem.heads_kv)
 
 torch._dynamo.config.recompile_limit = 64  # one compile per case and grad mode: past the default 8, dynamo would
 _flex = torch.compile(flex_attention, dynamic=False)  # fall back to eager flex_attention, which holds all scores
@@ -87,13 +119,23 @@ def main():
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
                 command="python benchmarks/variants.py " + " ".join(f"--{n.replace('_', '-')} {a}"
                                                                     for n, a in vars(args).items() if n != "out"))
+    mods = mask_mods(args.seqlen, q.device)
     for name, (causal, fields) in CASES.items():
         if args.cases and name not in args.cases.split(","):
             continue
-        problem = Problem.from_tensors(q, k, causal).with_variants(**fields)
+        mod = mods.get(fields.get("mask_mod"))
+        fixed = {n: f for n, f in fields.items() if n != "mask_mod"}
+        problem = Problem.from_tensors(q, k, causal).with_variants(**fixed)
         kwargs = dict(variant_kwargs(problem, q.device), causal=causal)
-        impls = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, **kwargs),
-                 "flex": flex_call(problem, kwargs, q.device)}
+        flex = flex_call(problem, kwargs, q.device)
+        if mod is not None:
+            kwargs, flex = dict(causal=causal, mask_mod=mod), flex_mask_call(mod, causal, problem, q.device)
+            problem = problem.with_variants(mask_mod=mod.fingerprint())
+            pairs = mod.mask(1, 1, args.seqlen, args.seqlen, q.device)[0, 0]
+            flops = 4.0 * args.batch * heads_q * args.head_dim * int((pairs.tril() if causal else pairs).sum())
+        else:
+            flops = problem.flops("fwd")
+        impls = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, **kwargs), "flex": flex}
         if not (problem.gates() or fields):
             impls["sdpa"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         for impl, fn in impls.items():
@@ -103,8 +145,8 @@ def main():
                 row = dict(case=name, impl=impl, error=f"{type(error).__name__}: {str(error)[:300]}")
             else:
                 row = dict(case=name, impl=impl, problem=problem.key(), fwd_ms=round(fwd_ms, 4),
-                           bwd_ms=round(bwd_ms, 4), fwd_tflops=round(problem.flops("fwd") / fwd_ms * 1e-9, 1),
-                           bwd_tflops=round(problem.flops("bwd") / bwd_ms * 1e-9, 1))
+                           bwd_ms=round(bwd_ms, 4), fwd_tflops=round(flops / fwd_ms * 1e-9, 1),
+                           bwd_tflops=round(BWD_FLOP_RATIO * flops / bwd_ms * 1e-9, 1))
             print(json.dumps(row), flush=True)
             if args.out:
                 with open(args.out, "a") as f:

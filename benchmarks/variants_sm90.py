@@ -1,5 +1,6 @@
 """Compile the `tl` kernels with each attention variant's gate for Hopper on the CPU (no GPU): that they compile,
-and ptxas's registers and spills beside the plain kernels' (what a variant costs before any timing).
+and ptxas's registers and spills beside the plain kernels' (what a variant costs before any timing). MASK_MOD
+compiles a document mask (a captured tensor of document ids), its block table kernel included.
 
     python benchmarks/variants_sm90.py > variants_sm90.log
 """
@@ -9,8 +10,9 @@ import json
 import torch
 
 from autoflash import checks
-from autoflash.codegen import FIXED_VARIANTS
+from autoflash.codegen import FIXED_VARIANTS, MASK_MOD
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
+from autoflash.mask_mod import MaskMod
 from autoflash.problem import Problem
 from autoflash.resources import launcher
 from tl_sm90 import rendered, sm90_compiler, summary_of
@@ -25,7 +27,11 @@ POINTS = [  # (direction, knobs, head_dim): the H100 defaults at d128 and d64, a
     ("bwd", BwdKnobs(block_m=64, block_n=128, num_warps=8, num_stages=2, dq="atomic", causal_split=False), 64),
 ]
 FIXED = ("WINDOW", "SOFTCAP", "ALIBI")
-GATES = [frozenset()] + [frozenset({gate}) for gate in FIXED] + [frozenset(FIXED)]
+GATES = [frozenset()] + [frozenset({gate}) for gate in FIXED] + [frozenset(FIXED), frozenset({"MASK_MOD"})]
+
+
+def same_document(b, h, q_idx, kv_idx, document_id):
+    return document_id[q_idx] == document_id[kv_idx]
 
 
 def compile_variant(direction, knobs, head_dim, gates) -> dict:
@@ -33,19 +39,21 @@ def compile_variant(direction, knobs, head_dim, gates) -> dict:
     b, hq, hkv, s = 1, 8, 2, 4096
     q = torch.empty(b, hq, s, head_dim, dtype=torch.bfloat16)
     k = torch.empty(b, hkv, s, head_dim, dtype=torch.bfloat16)
+    mod = MaskMod(same_document, torch.zeros(s, dtype=torch.int32)) if "MASK_MOD" in gates else None
     problem = Problem.from_tensors(q, k, True, (1024, -1) if "WINDOW" in gates else (-1, -1), "SOFTCAP" in gates,
-                                   "ALIBI" in gates)
+                                   "ALIBI" in gates, mod.fingerprint() if mod else "")
     slopes = torch.empty(hq) if problem.alibi else None
-    variant = checks.variant_args(problem.causal, problem.window, s, s, 50.0 if problem.softcap else 0.0, slopes)
+    variant = checks.variant_args(problem.causal, problem.window, s, s, 50.0 if problem.softcap else 0.0, slopes,
+                                  mod)
     compiled = {}
-    plans = launcher("tl", FIXED_VARIANTS) if variant else launcher("tl")
+    plans = launcher("tl", MASK_MOD if mod else FIXED_VARIANTS) if variant else launcher("tl")
     plan = plans.forward_plan if direction == "fwd" else plans.backward_plan
     tensors = (q, k, torch.empty_like(k), torch.empty_like(q), torch.empty(b, hq, s))
     if direction == "bwd":
         tensors += (torch.empty_like(q), torch.empty_like(q), torch.empty_like(k), torch.empty_like(k))
     flags = (0.1, problem.causal) + ((None,) if direction == "bwd" else ())
-    plan(rendered(knobs, gates), knobs.as_point(), *tensors, *flags, sm90_compiler(compiled),
-         *([variant] if variant else []))
+    plan(rendered(knobs, gates, mod and mod.rendered), knobs.as_point(), *tensors, *flags, sm90_compiler(compiled),
+         *([variant] if variant else []), *([launcher("tl", FIXED_VARIANTS)] if mod else []))
     return {name: summary_of(kernel) for name, kernel in compiled.items()}
 
 

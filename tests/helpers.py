@@ -30,7 +30,8 @@ def poisoned_outputs(q):
 
 
 def assert_matches_reference(out, lse, q, k, v, causal, softmax_scale=None, **variants):
-    """out and lse against the fp64 reference; `variants`: window_size, softcap, alibi_slopes as it takes them."""
+    """out and lse against the fp64 reference; `variants`: window_size, softcap, alibi_slopes, mask_mod as it takes
+    them."""
     ref_out, ref_lse = attention_reference(q, k, v, causal, softmax_scale, **variants)
     assert not torch.isnan(out).any(), "output has NaN (an element was not written, or the math broke)"
     err = relative_error(out, ref_out)

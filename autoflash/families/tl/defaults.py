@@ -81,7 +81,8 @@ def pack_heads(knobs: Knobs, problem: Problem) -> Knobs:
     the query heads of a KV head into the tile. H100 (benchmarks/NOTES.md, 20.): decode and 4-token
     steps with 4-16 query heads per KV head ran 1.3-4.7x faster packed (with key splits); a 2048-token
     prefill ran at half the speed."""
-    if not isinstance(knobs, FwdKnobs) or problem.heads_q == problem.heads_kv or problem.seqlen_q >= knobs.block_m:
+    if not isinstance(knobs, FwdKnobs) or problem.heads_q == problem.heads_kv or problem.seqlen_q >= knobs.block_m \
+            or problem.mask_mod:  # (a mask_mod's block table has a row per head's query block)
         return knobs
     return replace(knobs, pack_gqa=True, loads="pointer")
 
