@@ -2,7 +2,8 @@
 then the one shipped in `tuning_db/`, then the heuristic default.
 
 Within a source, the exact problem wins; failing that, the nearest tuned problem with the same
-dtype, head dim, causal flag and GQA ratio (`Problem.distance`). Only records of this GPU family and of the
+dtype, head dim, causal flag and GQA ratio (`Problem.distance`), those with the call's own variants (packed
+sequences, paged caches, or neither) in every source before the others. Only records of this GPU family and of the
 templates this code renders (every kernel family's current fingerprint) count. Each source is read once per
 process (one query per kernel family); `autoflash.attention` keeps the choice per call signature, so after
 the first call of a signature dispatch touches neither a database nor this module.
@@ -83,16 +84,21 @@ def why_untuned(url: str, problem: Problem, gpu_family: str, direction: str = "f
 
 
 def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], direction: str = "fwd") -> Choice:
-    """Exact match, then nearest neighbour, source by source; then the default."""
+    """Exact match, then nearest neighbour with the problem's own variants (packed, paged or dense), then nearest
+    of any, each source by source; then the default."""
     for url, records in sources:
         for record in records:
             if record.problem == problem:
                 return Choice(record.knobs, url, record, "exact problem tuned")
-    for url, records in sources:
-        near = [(d, r) for r in records if (d := problem.distance(r.problem)) is not None]
-        if near:
-            d, record = min(near, key=lambda item: item[0])
-            return Choice(record.knobs, url, record, f"nearest tuned problem (log2 distance {d:.2f})")
+    for alike in (True, False):
+        for url, records in sources:
+            near = [(d, r) for r in records if (r.problem.variants == problem.variants or not alike)
+                    and (d := problem.distance(r.problem)) is not None]
+            if near:
+                d, record = min(near, key=lambda item: item[0])
+                kind = "" if record.problem.variants == problem.variants else \
+                    f"{'+'.join(sorted(record.problem.variants)).lower() or 'dense'} "
+                return Choice(record.knobs, url, record, f"nearest tuned {kind}problem (log2 distance {d:.2f})")
     return _default(problem, gpu, direction, "nothing comparable tuned")
 
 

@@ -8,8 +8,9 @@ written into the cache at cache_seqlens first, in place, as flash-attn does. The
 of its cache line or pages; a paged cache adds the PAGED gate (a page-table load per key block). Split-KV and
 GQA packing come with the dispatched knobs (kv_splits, pack_gqa), as on the dense decode path.
 
-Dispatch key: the Problem (batch, heads, seqlen_q, seqlen_k = the cache's capacity per sequence, variants VARLEN,
-plus PAGED for a paged cache); untuned, it runs the nearest tuned dense problem's winner fitted to it.
+Dispatch key: the Problem (batch, heads, seqlen_q, seqlen_k = the cache's capacity per sequence, both rounded up to
+powers of two, variants VARLEN, plus PAGED and the page size for a paged cache), tuned from a problems file's
+`kvcache:` entries (autoflash/shapes.py); where nothing packed is tuned, the nearest dense winner fitted to it.
 """
 
 import numpy as np

@@ -1,8 +1,10 @@
 """One attention problem: the shape key that tuning, the database and dispatch share."""
 
 import math
+import zlib
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from autoflash.checks import canonical_window
@@ -18,6 +20,11 @@ VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGED", "MASK_MOD")
 PLAIN_FIELDS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal", "dtype")
 
 
+def length_bucket(length: int) -> int:
+    """A packed problem's longest sequence as its key holds it: rounded up to a power of two."""
+    return 1 << max(0, length - 1).bit_length()
+
+
 @dataclass(frozen=True)
 class Problem:
     """Shapes of q (batch, heads_q, seqlen_q, head_dim) and k, v (batch, heads_kv, seqlen_k, head_dim)."""
@@ -31,7 +38,9 @@ class Problem:
     causal: bool
     dtype: str  # a key of DTYPES
     # Names of VARIANTS it uses. VARLEN: packed sequences (autoflash.attention_varlen, and the KV-cache entry point):
-    # batch counts the sequences, seqlen_q and seqlen_k are the longest ones. PAGED: keys on pages of a cache.
+    # batch counts the sequences, seqlen_q and seqlen_k are the longest ones, rounded up to powers of two
+    # (`length_bucket`: one tuned record serves every batch of that bucket). PAGED: keys on pages of a cache
+    # (page_size tokens a page), seqlen_k the cache's capacity per sequence.
     variants: frozenset[str] = frozenset()
     # Variants (flash-attn's meanings). window: (left, right) keys either side of the bottom-right diagonal, -1
     # unbounded, in the canonical form `with_variants` gives (the causal flag carries a right bound of 0). The
@@ -43,6 +52,7 @@ class Problem:
     # A user-written mask (MASK_MOD, autoflash/mask_mod.py): the fingerprint of its source and its captures' dtypes
     # and ranks (MaskMod.fingerprint), "" for none. The mask changes the work, so each mod is a problem of its own.
     mask_mod: str = ""
+    page_size: int = 0  # PAGED: tokens a page of the KV cache; 0 otherwise
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, causal: bool, window_size=(-1, -1), softcap=False,
@@ -92,6 +102,19 @@ class Problem:
         if type(self.mask_mod) is not str or self.mask_mod and (len(self.mask_mod) != 16 or self.window != (-1, -1)):
             raise ValueError(f"field 'mask_mod' must be a mod's 16-character fingerprint or '' (and a mod takes no "
                              f"window), got {self.mask_mod!r}")
+        if type(self.variants) is not frozenset or not self.variants <= {"VARLEN", "PAGED"} or \
+                "PAGED" in self.variants and "VARLEN" not in self.variants:
+            raise ValueError(f"field 'variants' must be none, VARLEN, or VARLEN and PAGED, got {self.variants!r}")
+        if type(self.page_size) is not int or (self.page_size > 0) != ("PAGED" in self.variants) or \
+                self.page_size < 0:
+            raise ValueError(f"field 'page_size' must be a positive integer for a PAGED problem and 0 otherwise, "
+                             f"got {self.page_size!r}")
+        if self.variants:
+            for name in ("seqlen_q", "seqlen_k"):
+                if length_bucket(getattr(self, name)) != getattr(self, name):
+                    raise ValueError(f"field '{name}' of a packed problem is the longest sequence rounded up to a "
+                                     f"power of two, as dispatch keys calls: write {length_bucket(getattr(self, name))}"
+                                     f", not {getattr(self, name)}")
         if self.with_variants(self.window, self.softcap, self.alibi, self.mask_mod) != self:
             raise ValueError(f"field 'window' {self.window} is not in canonical form: build the problem with "
                              "with_variants()")
@@ -103,17 +126,17 @@ class Problem:
     def key(self) -> str:
         """A stable name, e.g. 'b4-hq32-hkv8-sq2048-sk2048-d128-causal-bfloat16'; variants add their parts
         ('-varlen', '-paged', '-wl4096' for a window of 4096 keys to the left, '-wr16', '-softcap', '-alibi',
-        '-mask' and the mod's fingerprint), plain problems none."""
+        '-mask' and the mod's fingerprint, '-page16' for pages of 16 tokens), plain problems none."""
         return (f"b{self.batch}-hq{self.heads_q}-hkv{self.heads_kv}-sq{self.seqlen_q}-sk{self.seqlen_k}"
                 f"-d{self.head_dim}-{'causal' if self.causal else 'full'}-{self.dtype}"
-                + "".join(f"-{name.lower()}" for name in sorted(self.variants))
                 + "".join(f"-{part}" for part in self._variant_parts()))
 
     def _variant_parts(self) -> list[str]:
         left, right = self.window
-        return [part for part, used in ((f"wl{left}", left != -1), (f"wr{right}", right != -1),
-                                        ("softcap", self.softcap), ("alibi", self.alibi),
-                                        (f"mask{self.mask_mod}", self.mask_mod)) if used]
+        return [name.lower() for name in sorted(self.variants)] + [
+            part for part, used in ((f"wl{left}", left != -1), (f"wr{right}", right != -1), ("softcap", self.softcap),
+                                    ("alibi", self.alibi), (f"mask{self.mask_mod}", self.mask_mod),
+                                    (f"page{self.page_size}", self.page_size)) if used]
 
     def stored_variants(self) -> dict:
         """The variant fields that differ from a plain problem's, as stored in a database ({} for plain)."""
@@ -121,19 +144,21 @@ class Problem:
                                                        ("window", list(self.window), [-1, -1]),
                                                        ("softcap", self.softcap, False),
                                                        ("alibi", self.alibi, False),
-                                                       ("mask_mod", self.mask_mod, "")) if value != plain}
+                                                       ("mask_mod", self.mask_mod, ""),
+                                                       ("page_size", self.page_size, 0)) if value != plain}
 
     def with_stored_variants(self, stored) -> "Problem":
         """This problem with the variant fields `stored_variants()` gave (read back from a database: validate it)."""
-        if not isinstance(stored, dict) or set(stored) - {"variants", "window", "softcap", "alibi", "mask_mod"}:
-            raise ValueError(f"field 'variants' must map variants, window, softcap, alibi, mask_mod, got "
+        if not isinstance(stored, dict) or set(stored) - {"variants", "window", "softcap", "alibi", "mask_mod",
+                                                          "page_size"}:
+            raise ValueError(f"field 'variants' must map variants, window, softcap, alibi, mask_mod, page_size, got "
                              f"{str(stored)[:80]!r}: "
                              "this record may come from another autoflash version")
         window, names = stored.get("window", (-1, -1)), stored.get("variants", [])
         return replace(self, variants=frozenset(names) if isinstance(names, list) else names,
                        window=tuple(window) if isinstance(window, list) else window,
                        softcap=stored.get("softcap", False), alibi=stored.get("alibi", False),
-                       mask_mod=stored.get("mask_mod", ""))
+                       mask_mod=stored.get("mask_mod", ""), page_size=stored.get("page_size", 0))
 
     def label(self) -> str:
         """Short form for tables: 'b4 h32/8 s2048 d128 causal bf16'."""
@@ -145,7 +170,9 @@ class Problem:
 
     def distance(self, other: "Problem") -> float | None:
         """Log-scale distance to a problem of the same kind (dtype, head dim, causal flag, GQA ratio, window,
-        softcap, alibi, mask_mod): lengths and batch x heads compared in log2; None for a problem of another kind."""
+        softcap, alibi, mask_mod): lengths, batch x heads and page sizes (where both have pages) compared in log2;
+        None for a problem of another kind. Packed and paged problems are of the kind of the dense ones (dispatch
+        prefers those with its own variants: dispatch.choose)."""
         kind = (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv, self.window, self.softcap,
                 self.alibi, self.mask_mod)  # (packed sequences and pages take dense records: `variants` aside)
         if kind != (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv, other.window,
@@ -153,7 +180,8 @@ class Problem:
             return None
         return sum(abs(math.log2(x) - math.log2(y)) for x, y in (
             (self.seqlen_q, other.seqlen_q), (self.seqlen_k, other.seqlen_k),
-            (self.batch * self.heads_q, other.batch * other.heads_q)))
+            (self.batch * self.heads_q, other.batch * other.heads_q),
+            *([(self.page_size, other.page_size)] if self.page_size and other.page_size else [])))
 
     def tensor_bytes(self, direction: str = "fwd") -> int:
         """Bytes of one call's tensors: q, k, v, out and the fp32 lse; the backward adds dout, dq, dk, dv."""
@@ -161,6 +189,20 @@ class Problem:
         kv = self.batch * self.heads_kv * self.seqlen_k * self.head_dim
         return (2 * q + 2 * kv) * (2 if direction == "bwd" else 1) * self.element_size \
             + 4 * self.batch * self.heads_q * self.seqlen_q
+
+    def sequence_lengths(self) -> tuple[list[int], list[int]]:
+        """The query and key lengths of the sequences a packed (VARLEN) problem is tuned on, fixed by the problem
+        alone: sequence 0 holds seqlen_k keys, every other one a length drawn log-uniform in
+        [ceil(seqlen_k / 16), seqlen_k] (numpy's default_rng seeded by the CRC-32 of 'batch-seqlen_q-seqlen_k', so
+        problems that differ in heads, dtype or page size alone see the same lengths); a
+        sequence of n keys has min(seqlen_q, n x ceil(seqlen_q / seqlen_k)) queries: all of them for self-attention
+        (seqlen_q == seqlen_k), seqlen_q for decode and chunked prefill over a long cache."""
+        rng = np.random.default_rng(zlib.crc32(f"{self.batch}-{self.seqlen_q}-{self.seqlen_k}".encode()))
+        low = -(-self.seqlen_k // 16)
+        drawn = np.exp(rng.uniform(math.log(low), math.log(self.seqlen_k), self.batch - 1)).round().astype(int)
+        keys = [self.seqlen_k, *np.clip(drawn, low, self.seqlen_k).tolist()]
+        per_key = -(-self.seqlen_q // self.seqlen_k)
+        return [min(self.seqlen_q, n * per_key) for n in keys], keys
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -10,6 +10,20 @@ as a list expands to a grid: the entry above stands for every combination of its
 Attention variants, as autoflash.attention takes them: `window_size: [left, right]` (-1: unbounded; a list of
 pairs is a grid of windows), `softcap: 30.0` (any value > 0 tunes the softcapped kernels: the value is each
 call's data), `alibi: true`.
+
+Packed problems, tuned for autoflash.attention_varlen and autoflash.attention_with_kvcache:
+
+      - {batch: 16, heads_q: 32, heads_kv: 8, seqlen_q: 8192, head_dim: 128, causal: true, varlen: true}
+      - {batch: 32, heads_q: 64, heads_kv: 8, seqlen_q: 1, seqlen_k: 32768, head_dim: 128,
+         kvcache: {page_size: [16, 256]}}
+
+`varlen: true`: packed sequences of different lengths (attention_varlen); batch counts the sequences, seqlen_q and
+seqlen_k are the longest ones. `kvcache: {page_size: N}`: attention over a KV cache (attention_with_kvcache,
+forward only): seqlen_q the queries of each sequence, seqlen_k the cache's capacity per sequence; page_size the
+tokens a page of a paged cache, 0 or absent for a dense cache (a list of sizes is a grid). Their lengths are the
+longest rounded up to a power of two (dispatch keys calls so: one record serves every batch of the bucket). The
+tuner draws the sequences' lengths from the problem alone (Problem.sequence_lengths). Neither takes window_size,
+softcap or alibi.
 """
 
 import itertools
@@ -23,7 +37,7 @@ from autoflash.problem import Problem
 
 REQUIRED = ("batch", "heads_q", "seqlen_q", "head_dim")
 OPTIONAL = {"heads_kv": None, "seqlen_k": None, "causal": False, "dtype": "float16", "window_size": [-1, -1],
-            "softcap": 0.0, "alibi": False}
+            "softcap": 0.0, "alibi": False, "varlen": False, "kvcache": None}
 MAX_PROBLEMS = 100_000  # in one file, grids expanded: far more than a tuning run can time
 MAX_ECHO = 300  # characters of the user's input an error message repeats, at most
 
@@ -71,6 +85,7 @@ def _grid(entry, where: str) -> dict[str, list]:
             raise ShapesError(f"{where}: field 'window_size' must be [left, right] (integers, -1: unbounded) or a "
                               f"list of such pairs, got {_echo(window)}")
     grid["window_size"] = [tuple(w) for w in grid["window_size"]]
+    grid["kvcache"] = _page_sizes(fields["kvcache"], where)
     for name, values in grid.items():
         if any(isinstance(value, (list, dict, set)) for value in values):
             raise ShapesError(f"{where}: field '{name}' must be a value or a flat list of values, "
@@ -79,6 +94,18 @@ def _grid(entry, where: str) -> dict[str, list]:
         raise ShapesError(f"{where}: the grid stands for {_size(grid):,} problems, more than {MAX_PROBLEMS:,}; "
                           "shorten its lists")
     return grid
+
+
+def _page_sizes(kvcache, where: str) -> list[int | None]:
+    """The page sizes a `kvcache` field stands for (0: a dense cache); [None] where the field is absent."""
+    if kvcache is None:
+        return [None]
+    sizes = kvcache.get("page_size", 0) if isinstance(kvcache, dict) and set(kvcache) <= {"page_size"} else None
+    sizes = sizes if isinstance(sizes, list) else [sizes]
+    if not sizes or any(type(size) is not int or size < 0 for size in sizes):
+        raise ShapesError(f"{where}: field 'kvcache' must be {{page_size: N}} (N tokens a page of a paged cache, "
+                          f"0 for a dense one; a list of sizes is a grid), got {_echo(kvcache)}")
+    return sizes
 
 
 def _size(grid: dict[str, list]) -> int:
@@ -97,6 +124,14 @@ def _expand(grid: dict[str, list], where: str) -> list[Problem]:
 
 def _problem(one: dict, where: str) -> Problem:
     window, softcap, alibi = one.pop("window_size"), one.pop("softcap"), one.pop("alibi")
+    varlen, page_size = one.pop("varlen"), one.pop("kvcache")
+    if type(varlen) is not bool:
+        raise ShapesError(f"{where}: field 'varlen' must be true or false, got {_echo(varlen)}")
+    if (varlen or page_size is not None) and (window != (-1, -1) or softcap or alibi):
+        raise ShapesError(f"{where}: packed problems (varlen, kvcache) take no window_size, softcap or alibi: "
+                          "attention_varlen and attention_with_kvcache have none")
+    if varlen or page_size is not None:
+        one.update(variants=frozenset({"VARLEN", "PAGED"} if page_size else {"VARLEN"}), page_size=page_size or 0)
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < float("inf"):
         raise ShapesError(f"{where}: field 'softcap' must be a number >= 0 (0: off), got {_echo(softcap)}")
     if type(alibi) is not bool:

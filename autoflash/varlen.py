@@ -9,9 +9,11 @@ the tiles that see the most keys first, so short sequences take no padded tiles.
 from the lengths that the check of cu_seqlens brings there, and comes over in one copy; while a CUDA graph is
 captured (no check, no values on the host) it is built on the device.
 
-Dispatch: a call is the Problem (batch = sequences, seqlen_q/seqlen_k = max_seqlen_q/max_seqlen_k, variants
-{"VARLEN"}). Varlen is not tuned: dispatch takes the nearest tuned dense problem's winner (Problem.distance
-ignores the variants), fitted to the varlen kernel (pointer loads, the table's order), else the default.
+Dispatch: a call is the Problem (batch = sequences, seqlen_q/seqlen_k = max_seqlen_q/max_seqlen_k rounded up to
+powers of two, variants {"VARLEN"}), tuned like a dense one (`autoflash tune` on a problems file with
+`varlen: true`: autoflash/shapes.py, the trials autoflash/tune/packed.py). Dispatch takes the exact problem's
+record, else the nearest tuned packed problem's, else the nearest dense problem's winner (dispatch.choose), fitted
+to the varlen kernel (pointer loads, the table's order), else the default.
 """
 
 from typing import Callable, NamedTuple
@@ -21,7 +23,7 @@ import torch
 
 from autoflash import checks, codegen, gpu as gpus
 from autoflash.api import DISPATCHER
-from autoflash.problem import Problem
+from autoflash.problem import Problem, length_bucket
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
@@ -83,10 +85,12 @@ def packed(t):
     return t.permute(1, 0, 2).unsqueeze(0)
 
 
-def problem_of(q, k, batch, max_seqlen_q, max_seqlen_k, causal, variants=frozenset({"VARLEN"})) -> Problem:
-    """The dispatch key of a packed call: sequences, longest lengths (at least 1), heads, head dim."""
-    return Problem(max(batch, 1), q.shape[1], k.shape[-2], max(max_seqlen_q, 1), max(max_seqlen_k, 1), q.shape[-1],
-                   causal, str(q.dtype).removeprefix("torch."), variants)
+def problem_of(q, k, batch, max_seqlen_q, max_seqlen_k, causal, page_size=0) -> Problem:
+    """The dispatch key of a packed call: sequences, longest lengths rounded up to powers of two (`length_bucket`),
+    heads, head dim; with page_size, keys on pages of that many tokens (PAGED)."""
+    return Problem(max(batch, 1), q.shape[1], k.shape[-2], length_bucket(max_seqlen_q), length_bucket(max_seqlen_k),
+                   q.shape[-1], causal, str(q.dtype).removeprefix("torch."),
+                   frozenset({"VARLEN", "PAGED"} if page_size else {"VARLEN"}), page_size=page_size)
 
 
 # One launch per call signature (every tensor's layout and 16-byte alignment, which the compiled kernels are
@@ -124,11 +128,11 @@ def packed_forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seq
            _layout(starts_k), _layout(seqlens_k), max_seqlen_q, max_seqlen_k, causal, scale, None if pages is None else (_layout(pages[0]), *pages[1:]))
 
     def make():
-        variants = frozenset({"VARLEN", "PAGED"} if pages is not None else {"VARLEN"})
-        problem = problem_of(q, k, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, causal, variants)
+        problem = problem_of(q, k, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, causal,
+                             0 if pages is None else pages[1])
         views = tuple(packed(t) for t in (q, k, v, out))
         knobs = DISPATCHER.for_call(problem, gpus.current(q.device), "fwd", views).knobs
-        return codegen.load(knobs, variants).varlen_forward_plan(
+        return codegen.load(knobs, problem.variants).varlen_forward_plan(
             *views, None if lse is None else lse.unsqueeze(0), cu_seqlens_q, starts_k, seqlens_k, scale, causal,
             pages)
     _cached(key, make)(packed(q), packed(k), packed(v), packed(out), None if lse is None else lse.unsqueeze(0),

@@ -168,9 +168,9 @@ def test_dispatch_key_and_families():
     from autoflash.varlen import problem_of
 
     q, k, _, _, _ = packed_batch([3, 4], [3, 4], 4, 2, 64, torch.float16)
-    problem = problem_of(q, k, 2, 4, 9, True)
-    plain = Problem(2, 4, 2, 4, 9, 64, True, "float16")
-    assert problem.key() == plain.key() + "-varlen" and plain.key() == "b2-hq4-hkv2-sq4-sk9-d64-causal-float16"
+    problem = problem_of(q, k, 2, 4, 9, True)  # the longest lengths rounded up to powers of two
+    plain = Problem(2, 4, 2, 4, 16, 64, True, "float16")
+    assert problem.key() == plain.key() + "-varlen" and plain.key() == "b2-hq4-hkv2-sq4-sk16-d64-causal-float16"
     assert problem.distance(plain) == 0.0, "dense records serve varlen problems"
     gpu = replace(gpus.current(q.device), family="h100", capability=(9, 0))
     for knobs in (GluonKnobs(), fa1.FwdKnobs()):

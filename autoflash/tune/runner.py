@@ -17,6 +17,7 @@ import torch
 from autoflash.families import knobs_from_json
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
+from autoflash.tune.packed import PackedBench
 from autoflash.tune.trial import Bench, Outcome
 
 DEFAULT_LOADER = "autoflash.codegen:load"
@@ -37,7 +38,8 @@ def _serve(conn, role: str, loader: str, interpret: bool):
         kind, problem, direction, knobs_json = request
         if bench is None or (bench.problem, bench.direction) != (problem, direction):
             bench = None  # free the last problem's tensors first
-            bench = Bench(problem, direction, device, loader, measure=role == "measure")
+            kind = PackedBench if "VARLEN" in problem.variants else Bench
+            bench = kind(problem, direction, device, loader, measure=role == "measure")
         if kind == "sdpa":
             try:
                 conn.send(bench.sdpa_ms())

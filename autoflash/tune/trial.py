@@ -76,14 +76,23 @@ class Bench:
         softcap, slopes = self.reference_variants["softcap"], self.reference_variants["alibi_slopes"]
         self.variant = checks.variant_args(p.causal, p.window, p.seqlen_q, p.seqlen_k, softcap, slopes)
         self.extra = () if slopes is None else (slopes,)
-        q_bytes, kv_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim, p.batch * p.heads_kv * p.seqlen_k * p.head_dim
-        bytes_per_set = p.element_size * (2 * q_bytes + 2 * kv_bytes) * (2 if direction == "bwd" else 1)
-        self.sets = [self._inputs(seed) for seed in range(input_sets(bytes_per_set, device) if measure else 1)]
+        self.sets = [self._inputs(seed) for seed in range(input_sets(self._set_bytes(), device) if measure else 1)]
         q, k, v = self.sets[0][:3]
         self.out = torch.empty_like(q)
         self.lse = torch.empty(q.shape[:3], dtype=torch.float32, device=device)
         self.grads = tuple(torch.empty_like(t) for t in (q, k, v))
         self.reference = self._reference() if measure else None
+
+    def _set_bytes(self) -> int:
+        """Bytes of one input set and its outputs."""
+        p = self.problem
+        q_bytes, kv_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim, p.batch * p.heads_kv * p.seqlen_k * p.head_dim
+        return p.element_size * (2 * q_bytes + 2 * kv_bytes) * (2 if self.direction == "bwd" else 1)
+
+    def _rows(self, t: torch.Tensor, index: int, keys: bool = False) -> torch.Tensor:
+        """Batch entry (here: sequence) `index` of t, (1, heads, rows, ...): of q, out, lse, dout, dq, or with
+        `keys` of k, v, dk, dv."""
+        return t[index:index + 1]
 
     def _inputs(self, seed: int):
         p = self.problem
@@ -109,15 +118,16 @@ class Bench:
         refs = {}
         for b, h in self._samples():
             hkv = h // group
-            kv = (k[b:b + 1, hkv:hkv + 1], v[b:b + 1, hkv:hkv + 1])
+            kv = (self._rows(k, b, keys=True)[:, hkv:hkv + 1], self._rows(v, b, keys=True)[:, hkv:hkv + 1])
             heads = slice(h, h + 1) if self.direction == "fwd" else slice(hkv * group, (hkv + 1) * group)
             variants = dict(self.reference_variants, alibi_slopes=None if slopes is None else slopes[heads])
+            queries = self._rows(q, b)[:, heads]
             if self.direction == "fwd":
-                refs[b, h] = tuple(t[0, 0] for t in attention_reference(q[b:b + 1, heads], *kv, self.problem.causal,
+                refs[b, h] = tuple(t[0, 0] for t in attention_reference(queries, *kv, self.problem.causal,
                                                                         self.scale, **variants))
             else:
-                dout = self.sets[0][5][b:b + 1, heads]
-                dq, dk, dv = attention_backward_reference(q[b:b + 1, heads], *kv, dout, self.problem.causal,
+                dout = self._rows(self.sets[0][5], b)[:, heads]
+                dq, dk, dv = attention_backward_reference(queries, *kv, dout, self.problem.causal,
                                                           self.scale, **variants)
                 refs[b, h] = (dq[0, h - hkv * group], dk[0, 0], dv[0, 0])
         return refs
@@ -172,15 +182,16 @@ class Bench:
         for (b, h), ref in self.reference.items():
             if self.direction == "bwd":
                 for name, grad, head, expected in zip(("dq", "dk", "dv"), self.grads, (h, h // group, h // group), ref):
-                    err, limit = relative_error(grad[b, head], expected), GRAD_TOLERANCE[self.problem.torch_dtype]
+                    err = relative_error(self._rows(grad, b, keys=name != "dq")[0, head], expected)
+                    limit = GRAD_TOLERANCE[self.problem.torch_dtype]
                     if not err < limit:
                         return f"{name} (batch {b}, head {head}) relative error {err:.2e} > {limit:.0e}"
                 continue
             ref_out, ref_lse = ref
-            err = relative_error(self.out[b, h], ref_out)
+            err = relative_error(self._rows(self.out, b)[0, h], ref_out)
             if not err < tolerance:
                 return f"output (batch {b}, head {h}) relative error {err:.2e} > {tolerance:.0e}"
-            lse = self.lse[b, h].double()
+            lse = self._rows(self.lse, b)[0, h].double()
             finite = torch.isfinite(ref_lse)
             if not torch.equal(torch.isfinite(lse), finite) or \
                     not ((lse - ref_lse)[finite].abs() <= 1e-2 + 1e-3 * ref_lse[finite].abs()).all():

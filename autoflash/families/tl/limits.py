@@ -102,6 +102,8 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
             why.append(f"head_dim_split: head dim {problem.head_dim} leaves a first column tile below tl.dot's 16")
         rows = query_rows(knobs, problem)
     else:
+        if "PAGED" in problem.variants:
+            why.append("a paged KV cache has no backward (attention_with_kvcache is forward only)")
         rows = problem.seqlen_q
     if knobs.block_m * knobs.block_n < 128 * knobs.num_warps:
         why.append(f"{knobs.block_m}x{knobs.block_n} tile is too small for {knobs.num_warps} warps")
