@@ -261,7 +261,9 @@ class _Kernel(ast.NodeTransformer):
         return ast.BinOp(ast.BinOp(ast.Constant(2.0), ast.Mult(), sigmoid), ast.Sub(), ast.Constant(1.0))
 
     def visit_Attribute(self, node):
-        return ast.Attribute(ast.Name("tl", ast.Load()), node.attr, ast.Load())
+        if isinstance(node.value, ast.Name) and node.value.id == "torch":
+            return ast.Attribute(ast.Name("tl", ast.Load()), node.attr, ast.Load())
+        return node
 
     def visit_Subscript(self, node):
         return ast.Call(ast.Name("_capture", ast.Load()), [node.value, self.visit(node.slice)], [])

@@ -32,7 +32,8 @@ SCORE = Kind("score_mod", ("score", "b", "h", "q_idx", "kv_idx"),
 
 
 class ScoreMod(Mod):
-    """`fn(score, b, h, q_idx, kv_idx, *captures) -> score`, with the tensors it reads (see the module's doc)."""
+    """`fn(score, b, h, q_idx, kv_idx, *captures) -> score`, with the tensors it reads (see the module's doc). The
+    backward differentiates it in the score only: no gradient flows to the captures."""
     KIND = SCORE
 
     @staticmethod
@@ -44,7 +45,8 @@ class ScoreMod(Mod):
         ground truth; differentiable by autograd)."""
         indices = self.indices(*scores.shape, scores.device)
         captures = (t.to(scores.dtype) if t.is_floating_point() else t for t in self.captures)
-        return torch.as_tensor(self.fn(scores, *indices, *captures), device=scores.device).expand(scores.shape)
+        result = torch.as_tensor(self.fn(scores, *indices, *captures), device=scores.device)
+        return result.to(scores.dtype).expand(scores.shape)
 
 
 def as_score_mod(score_mod) -> ScoreMod | None:
@@ -67,17 +69,18 @@ def _with_derivative(name: str, params: list[str], definition: ast.FunctionDef) 
 
 
 def derivative(name: str, params: list[str], definition: ast.FunctionDef) -> ast.FunctionDef:
-    """A checked mod's definition turned into its derivative in the score: each assignment x = e kept, followed by
-    _d_x = de (where x depends on the score), and `return d(returned expression)`."""
+    """A checked mod's definition turned into its derivative in the score: each assignment x = e kept, after
+    _d_x = de (where x depends on the score; before, as de reads the x it replaces), and `return d(returned
+    expression)`."""
     grad = _Derivative(name, params[0])
     body = []
     for statement in definition.body[:-1]:
-        body.append(statement)
         target = statement.targets[0].id
         d = grad(statement.value)
         grad.assigned[target] = d is not None
         if d is not None:
             body.append(ast.Assign([ast.Name(f"_d_{target}", ast.Store())], d))
+        body.append(statement)
     d = grad(definition.body[-1].value)
     returned = ast.Constant(0.0) if d is None else d
     if isinstance(returned, ast.Constant) and returned.value != 1.0:  # (a tensor of the score's shape)
@@ -129,9 +132,9 @@ class _Derivative:
 
     def __call__(self, node):
         if isinstance(node, ast.Name):
-            if node.id == self.score:
-                return ast.Constant(1.0)
-            return ast.Name(f"_d_{node.id}", ast.Load()) if self.assigned.get(node.id) else None
+            if node.id in self.assigned:  # (the score too, once the mod assigns it)
+                return ast.Name(f"_d_{node.id}", ast.Load()) if self.assigned[node.id] else None
+            return ast.Constant(1.0) if node.id == self.score else None
         if isinstance(node, (ast.Constant, ast.Compare)):
             return None  # (a comparison is constant where it is differentiable)
         if isinstance(node, ast.Subscript):

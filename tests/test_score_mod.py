@@ -68,11 +68,17 @@ def test_rendered_mod_and_derivative():
 
 def chained(score, b, h, q_idx, kv_idx, scale):
     x = score * scale[h]
-    y = torch.exp(x / 4.0) - torch.abs(x)
+    x = x * x / 8.0 - x
+    score = score + 0.5 * x
+    y = torch.exp(x / 4.0) - torch.abs(score)
     return torch.log(torch.sigmoid(y) + 1.0) / (1.0 + torch.minimum(x, y) * 0.1) - -x
 
 
-@pytest.mark.parametrize("mod", [softcap, halved_ahead, chained], ids=lambda mod: mod.__name__)
+def flat(score, b, h, q_idx, kv_idx):
+    return torch.where(q_idx == kv_idx, 2.0, 1.0)  # (its derivative: a tensor of zeros)
+
+
+@pytest.mark.parametrize("mod", [softcap, halved_ahead, chained, flat], ids=lambda mod: mod.__name__)
 def test_derivative_matches_autograd(mod):
     """The rendered derivative, run by torch (tl's functions as torch's), against autograd of the mod."""
     captures = (torch.tensor([0.5, 2.0]),) if mod is chained else ()
@@ -80,7 +86,8 @@ def test_derivative_matches_autograd(mod):
     score = torch.linspace(-4, 4, 40, dtype=torch.float64).view(1, 1, 5, 8).expand(1, 2, 5, 8).clone()
     score.requires_grad_()
     b, h, q, k = (torch.arange(n).view([-1 if d == i else 1 for d in range(4)]) for i, n in enumerate((1, 2, 5, 8)))
-    (expected,) = torch.autograd.grad(mod(score, b, h, q, k, *captures).sum(), score)
+    value = mod(score, b, h, q, k, *captures)
+    expected = torch.autograd.grad(value.sum(), score)[0] if value.requires_grad else torch.zeros_like(score)
     got = grad(score.detach(), b, h, q, k, *captures)
     torch.testing.assert_close(torch.as_tensor(got, dtype=torch.float64).expand_as(score), expected)
 
@@ -88,7 +95,8 @@ def test_derivative_matches_autograd(mod):
 def _as_torch(source: str, name: str):
     """A rendered function as torch runs it: tl.f -> torch.f, _capture(c, i) -> c[i]."""
     tl = types.SimpleNamespace(**{f: getattr(torch, f) for f in ("where", "minimum", "maximum", "abs", "exp", "log",
-                                                                 "sigmoid")})
+                                                                 "sigmoid", "float32")},
+                               full=lambda shape, value, dtype: torch.full(shape, value, dtype=torch.float64))
     namespace = {"tl": tl, "triton": types.SimpleNamespace(jit=lambda fn: fn), "_capture": lambda c, i: c[i]}
     exec(source, namespace)
     return namespace[name]
@@ -224,6 +232,19 @@ def test_with_a_mask_mod(causal):
     out, lse = autoflash.attention(q, k, v, causal=causal, score_mod=score_mod, mask_mod=mask_mod, return_lse=True)
     assert_matches_reference(out, lse, q, k, v, causal, score_mod=score_mod, mask_mod=mask_mod)
     assert_gradients_match(q, k, v, causal, with_lse=True, score_mod=ScoreMod(halved_ahead), mask_mod=mask_mod)
+
+
+def every_third_row_unseen(score, b, h, q_idx, kv_idx):
+    return torch.where(q_idx % 3 == 0, torch.log(score * 0.0), score)  # (log 0: -inf)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")
+def test_rows_the_mod_leaves_no_key():
+    """Rows whose every score the mod makes -inf, in blocks no mask touches: output 0, lse -inf, no NaN."""
+    q, k, v = make_qkv(1, 2, 1, 40, 64, 16, torch.float32, DEVICE, seed=5)
+    out, lse = autoflash.attention(q, k, v, score_mod=every_third_row_unseen, return_lse=True)
+    assert (lse[:, :, ::3] == float("-inf")).all() and (out[:, :, ::3] == 0).all()
+    assert_matches_reference(out, lse, q, k, v, False, score_mod=every_third_row_unseen)
 
 
 def test_with_the_fixed_variants_and_bfloat16():
