@@ -14,6 +14,7 @@ import torch
 from autoflash import checks, codegen, gpu as gpus
 from autoflash.dispatch import Dispatcher
 from autoflash.mask_mod import MaskMod, as_mask_mod
+from autoflash.score_mod import ScoreMod, as_score_mod
 from autoflash.problem import Problem
 
 
@@ -24,7 +25,7 @@ _NO_WINDOW, _NO_SOFTCAP = (-1, -1), None
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=_NO_WINDOW, softcap=_NO_SOFTCAP,
-              alibi_slopes=None, mask_mod=None, return_lse=False, deterministic=False, out=None):
+              alibi_slopes=None, mask_mod=None, score_mod=None, return_lse=False, deterministic=False, out=None):
     """Scaled dot-product attention, softmax(q kᵀ · softmax_scale) v, by a generated FlashAttention kernel.
 
     Differentiable: when q, k or v requires grad, the forward keeps the log-sum-exp (not the
@@ -59,6 +60,12 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=_NO_WIND
             key blocks it masks whole are skipped and those it leaves whole run without a mask (a block table
             computed once per captures, on the device). Not with window_size (write the window into the mod),
             nor under torch.compile.
+        score_mod: FlexAttention's score_mod, a function mod(score, b, h, q_idx, kv_idx) -> score applied to
+            every scaled score (natural units, after softcap and ALiBi, before the masks), or
+            autoflash.ScoreMod(mod, *tensors) for a mod that reads tensors (1-D int32/int64/float32 on q's
+            device, e.g. a slope per head): autoflash/score_mod.py says what a mod may hold. Rendered into the
+            kernels with its derivative, which autoflash takes from its source for the backward; no gradient
+            flows to its tensors. Combines with every other argument; not under torch.compile.
         return_lse: also return the log-sum-exp of the scaled scores (differentiable too).
         deterministic: the backward computes dQ in its own pass instead of with atomics, so that
             gradients are bitwise the same on every run.
@@ -74,9 +81,10 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=_NO_WIND
     """
     if torch.compiler.is_compiling():
         return _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out,
-                       _Variants(window_size, softcap, alibi_slopes, mask_mod))
+                       _Variants(window_size, softcap, alibi_slopes, mask_mod, score_mod))
     variants = PLAIN if window_size is _NO_WINDOW and softcap is _NO_SOFTCAP and alibi_slopes is None \
-        and mask_mod is None else _Variants(window_size, softcap, alibi_slopes, as_mask_mod(mask_mod))
+        and mask_mod is None and score_mod is None \
+        else _Variants(window_size, softcap, alibi_slopes, as_mask_mod(mask_mod), as_score_mod(score_mod))
     plan, addresses = _cached_plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, variants)
     return plan.run(q, k, v, out, addresses, variants.tensors())
 
@@ -87,47 +95,51 @@ class _Variants(NamedTuple):
     softcap: float | None = _NO_SOFTCAP
     alibi_slopes: torch.Tensor | None = None
     mask_mod: MaskMod | None = None
+    score_mod: ScoreMod | None = None
 
     def tensors(self) -> tuple:
         """The per-call tensors the kernels read (their order in the launcher's `variant`): ALiBi's slopes, the
-        mask_mod's captures."""
+        score_mod's captures, the mask_mod's."""
         slopes = () if self.alibi_slopes is None else (self.alibi_slopes,)
-        return slopes if self.mask_mod is None else (*slopes, *self.mask_mod.captures)
+        return (*slopes, *(t for mod in (self.score_mod, self.mask_mod) if mod is not None for t in mod.captures))
 
     def with_tensors(self, tensors) -> "_Variants":
         """These variants with a call's tensors (in `tensors()`'s order)."""
         slopes = tensors[:1] if self.alibi_slopes is not None else ()
-        mod = self.mask_mod and self.mask_mod.with_captures(tensors[len(slopes):])
-        return self._replace(alibi_slopes=slopes[0] if slopes else None, mask_mod=mod)
+        scored = len(slopes) + (0 if self.score_mod is None else len(self.score_mod.captures))
+        score_mod = self.score_mod and self.score_mod.with_captures(tensors[len(slopes):scored])
+        mask_mod = self.mask_mod and self.mask_mod.with_captures(tensors[scored:])
+        return self._replace(alibi_slopes=slopes[0] if slopes else None, mask_mod=mask_mod, score_mod=score_mod)
 
     def key(self) -> tuple:
-        slopes, mod = self.alibi_slopes, self.mask_mod
+        slopes = self.alibi_slopes
         return (self.window_size.__class__, self.window_size, self.softcap.__class__, self.softcap,
                 None if slopes is None else (slopes.shape, slopes.stride(), slopes.dtype, slopes.get_device(),
                                              slopes.data_ptr() & 15),
-                None if mod is None else (mod.rendered, *((t.shape, t.dtype, t.get_device(), t.data_ptr() & 15)
-                                                          for t in mod.captures)))
+                *(None if mod is None else (mod.rendered, *((t.shape, t.dtype, t.get_device(), t.data_ptr() & 15)
+                                                            for t in mod.captures))
+                  for mod in (self.mask_mod, self.score_mod)))
 
 
 PLAIN = _Variants()
 
 
 def attention_forward(q, k, v, causal, softmax_scale, deterministic, window_size=_NO_WINDOW, softcap=_NO_SOFTCAP,
-                      alibi_slopes=None, mask_mod=None):
+                      alibi_slopes=None, mask_mod=None, score_mod=None):
     """(out, lse) of `attention(q, k, v, causal=..., softmax_scale=..., return_lse=True, deterministic=...,
-    window_size=..., softcap=..., alibi_slopes=..., mask_mod=...)`, never recorded by autograd; q, k, v must have
-    last stride 1 (as `_checked` leaves them)."""
-    variants = _Variants(window_size, softcap, alibi_slopes, as_mask_mod(mask_mod))
+    window_size=..., softcap=..., alibi_slopes=..., mask_mod=..., score_mod=...)`, never recorded by autograd; q, k,
+    v must have last stride 1 (as `_checked` leaves them)."""
+    variants = _Variants(window_size, softcap, alibi_slopes, as_mask_mod(mask_mod), as_score_mod(score_mod))
     plan = _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic, variants)[0]
     return plan.forward(q, k, v, variants.tensors())
 
 
 def attention_backward(dout, q, k, v, out, lse, dlse, causal, softmax_scale, deterministic, window_size=_NO_WINDOW,
-                       softcap=_NO_SOFTCAP, alibi_slopes=None, mask_mod=None):
+                       softcap=_NO_SOFTCAP, alibi_slopes=None, mask_mod=None, score_mod=None):
     """(dq, dk, dv) of the call `attention_forward(q, k, v, causal, softmax_scale, deterministic, ...)` that
     returned out and lse, given dout and dlse (None: lse was not used); dq, dk, dv are laid out like q, k, v. out
     and lse may also be another attention's over more keys that these are part of (ring attention's merged ones)."""
-    variants = _Variants(window_size, softcap, alibi_slopes, as_mask_mod(mask_mod))
+    variants = _Variants(window_size, softcap, alibi_slopes, as_mask_mod(mask_mod), as_score_mod(score_mod))
     plan = _cached_plan(q, k, v, None, causal, softmax_scale, True, deterministic, variants)[0]
     return plan.backward(q, k, v, out, lse, dout, dlse, variants.tensors())
 
@@ -174,9 +186,10 @@ def _traced(q, k, v, causal, softmax_scale, return_lse, deterministic, out, vari
     if out is not None:
         raise ValueError("attention(..., out=...) is not supported under torch.compile: leave out=None "
                          "(the compiled graph allocates and reuses its own buffers)")
-    if variants.mask_mod is not None:
-        raise ValueError("attention(..., mask_mod=...) is not supported under torch.compile yet: call it outside "
-                         "the compiled region (torch.compiler.disable)")
+    for name in ("mask_mod", "score_mod"):
+        if getattr(variants, name) is not None:
+            raise ValueError(f"attention(..., {name}=...) is not supported under torch.compile yet: call it outside "
+                             "the compiled region (torch.compiler.disable)")
     q, k, v = _checked(q, k, v)
     out, lse = torch.ops.autoflash.attention_forward(q, k, v, causal, softmax_scale, deterministic,
                                                      *checks.checked_window(variants.window_size),
@@ -207,9 +220,11 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
     window = checks.checked_window(variants.window_size)
     softcap = checks.checked_softcap(variants.softcap)
     slopes = checks.checked_slopes(variants.alibi_slopes, q)
-    mod = variants.mask_mod
+    mod, score_mod = variants.mask_mod, variants.score_mod
     if mod is not None:
         checks.check_mask_mod(mod, window, q)
+    if score_mod is not None:
+        checks.check_captures(score_mod, q)
     check_out = None if out is None else checks.out_checker(q, k, v, checks.checked_out(out, q_checked))
     scale = checks.scale_of(softmax_scale, q.shape[-1])
     if q.dtype == torch.bfloat16 and gpus.interpreting():
@@ -218,24 +233,26 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
     launch_backward = None
     if q.numel():
         problem = Problem.from_tensors(q_checked, k_checked, causal, window, softcap > 0, slopes is not None,
-                                       "" if mod is None else mod.fingerprint())
+                                       "" if mod is None else mod.fingerprint(),
+                                       "" if score_mod is None else score_mod.fingerprint())
         gpu = gpus.current(q.device)
         # The window's right bound of 0 is causal masking: problem.causal says whether the kernels mask so.
-        mask, gates, rendered = problem.causal, problem.gates(), mod and mod.rendered
+        mask, gates = problem.causal, problem.gates()
+        rendered = (mod and mod.rendered, score_mod and score_mod.rendered)
         variant_args = checks.variant_args(mask, problem.window, problem.seqlen_q, problem.seqlen_k, softcap, slopes,
-                                           mod)
+                                           mod, score_mod)
         # The plan is compiled for the strides and alignment of this call's output (and lse): each call's are the same.
         out_like = torch.empty_like(q_checked) if out is None else out
         lse_like = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
         tensors = (q_checked, k_checked, v_checked, out_like)
-        variant = codegen.load(_chosen(problem, gpu, "fwd", tensors).knobs, gates, rendered)
+        variant = codegen.load(_chosen(problem, gpu, "fwd", tensors).knobs, gates, *rendered)
         forward = variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, mask,
                                        variant=variant_args)
         training_forward = forward if return_lse else _built_at_first_call(
             lambda q, k, v, out, lse, *extra: variant.forward_plan(q, k, v, out, lse, scale, mask,
                                                                    variant=variant_args))
         launch_backward = _built_at_first_call(lambda *args: _backward_launcher(
-            codegen.load(_chosen(problem, gpu, "bwd", tensors, deterministic).knobs, gates, rendered), scale, mask,
+            codegen.load(_chosen(problem, gpu, "bwd", tensors, deterministic).knobs, gates, *rendered), scale, mask,
             variant_args))
 
     def forward_with_lse(q, k, v, extra=()):
@@ -277,7 +294,8 @@ def _chosen(problem: Problem, gpu: gpus.Gpu, direction: str, tensors, determinis
     """DISPATCHER.for_call, once `problem` is tuned on first use where that is on (autoflash/tune/on_miss.py)."""
     from autoflash.tune import on_miss  # at a call signature's first call only: never on the hot path
 
-    if not problem.mask_mod:  # (tuning a mask_mod's problem needs its function, which a tuner cannot load yet)
+    if not problem.mask_mod and not problem.score_mod:  # (tuning a mod's problem needs its function, which a tuner
+        # cannot load yet)
         on_miss.settle(DISPATCHER, problem, gpu, direction)
     return DISPATCHER.for_call(problem, gpu, direction, tensors, deterministic)
 

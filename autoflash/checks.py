@@ -192,11 +192,11 @@ def canonical_window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) ->
 
 
 def variant_args(causal: bool, window: tuple[int, int], seqlen_q: int, seqlen_k: int, softcap: float,
-                 alibi_slopes, mask_mod=None) -> dict | None:
+                 alibi_slopes, mask_mod=None, score_mod=None) -> dict | None:
     """The `variant` of the fixed variants' plans (templates/tl/launch_window_softcap_alibi.py) for a call with a
     canonical window (`canonical_window`), softcap (0.0: off) and alibi_slopes (or None), and of a mask_mod's
-    (launch_mask_mod.py: its captures and "mask", what the mod reads) with an autoflash.MaskMod; None for a plain
-    call. An unbounded window side is passed as seqlen_q + seqlen_k keys (past every key), the right side as 0
+    (launch_mask_mod.py: its captures and "mask", what the mod reads) with an autoflash.MaskMod, and of a score_mod's
+    (its captures and their lengths) with an autoflash.ScoreMod; None for a plain call. An unbounded window side is passed as seqlen_q + seqlen_k keys (past every key), the right side as 0
     under causal masking."""
     args, tensors = {}, {}
     if window != (-1, -1):
@@ -209,6 +209,9 @@ def variant_args(causal: bool, window: tuple[int, int], seqlen_q: int, seqlen_k:
     if alibi_slopes is not None:
         tensors = {"Alibi": alibi_slopes}
         args["stride_alibi_b"] = 0 if alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
+    if score_mod is not None:  # (before a mask_mod's captures: launch_mask_mod.py takes those last)
+        tensors.update((f"ScoreCapture{i}", t) for i, t in enumerate(score_mod.captures))
+        args.update((f"score_capture_len{i}", t.numel()) for i, t in enumerate(score_mod.captures))
     if mask_mod is not None:
         tensors.update((f"Capture{i}", t) for i, t in enumerate(mask_mod.captures))
         reads = mask_mod.rendered
@@ -220,10 +223,15 @@ def variant_args(causal: bool, window: tuple[int, int], seqlen_q: int, seqlen_k:
 def check_mask_mod(mask_mod, window: tuple[int, int], q) -> None:
     """A mask_mod (an autoflash.MaskMod) runs without a window (the mod can hold one), its captures on q's
     device."""
-    name = mask_mod.fn.__name__
     if window != (-1, -1):
-        raise ValueError(f"mask_mod {name} with window_size {window}: write the window into the mod, e.g. "
-                         "(kv_idx <= q_idx + right) & (kv_idx >= q_idx - left), and leave window_size")
-    for i, t in enumerate(mask_mod.captures):
+        raise ValueError(f"mask_mod {mask_mod.fn.__name__} with window_size {window}: write the window into the mod, "
+                         "e.g. (kv_idx <= q_idx + right) & (kv_idx >= q_idx - left), and leave window_size")
+    check_captures(mask_mod, q)
+
+
+def check_captures(mod, q) -> None:
+    """A mod's (autoflash.MaskMod, ScoreMod) captures are on q's device."""
+    for i, t in enumerate(mod.captures):
         if t.device != q.device:
-            raise ValueError(f"mask_mod {name}: capture {i} is on {t.device}, q on {q.device}: pass it .to(q.device)")
+            raise ValueError(f"{mod.KIND.label} {mod.fn.__name__}: capture {i} is on {t.device}, q on {q.device}: "
+                             "pass it .to(q.device)")

@@ -145,25 +145,30 @@ def render_template(name: str, **context) -> str:
 
 
 def render(knobs: Knobs, extra_header: tuple[str, ...] = (), variants: frozenset[str] = frozenset(),
-           mask_mod: Rendered | None = None) -> str:
+           mask_mod: Rendered | None = None, score_mod: Rendered | None = None) -> str:
     """Python source of the variant's kernels for problems using `variants` (its family's launcher starts them:
     `Variant`). Each name of problem.VARIANTS is a template gate, true where used; MASK_MOD problems' kernels
-    hold their `mask_mod` (autoflash/mask_mod.py)."""
+    hold their `mask_mod` (autoflash/mask_mod.py), SCORE_MOD problems' their `score_mod` (autoflash/score_mod.py)."""
     fingerprint = template_fingerprint(knobs.family, knobs.DIRECTION, variants)
     gates = {name: name in variants for name in VARIANTS}
-    if ("MASK_MOD" in variants) != (mask_mod is not None):
-        raise ValueError("a MASK_MOD problem's kernels are rendered with its mask_mod, and only theirs: pass the mod "
-                         "(a tuning database holds its fingerprint, not its function)")
-    mod = {} if mask_mod is None else dict(MASK_MOD_SOURCE=mask_mod.source, MASK_MOD_CAPTURES=mask_mod.captures)
+    context = {}
+    for gate, mod in (("MASK_MOD", mask_mod), ("SCORE_MOD", score_mod)):
+        if (gate in variants) != (mod is not None):
+            raise ValueError(f"a {gate} problem's kernels are rendered with its {gate.lower()}, and only theirs: pass "
+                             "the mod (a tuning database holds its fingerprint, not its function)")
+        if mod is not None:
+            context.update({f"{gate}_SOURCE": mod.source, f"{gate}_CAPTURES": mod.captures,
+                            f"{gate}_UNIT_GRAD": mod.unit_grad})
     return render_template(template_name(knobs), TEMPLATE=template_name(knobs), FINGERPRINT=fingerprint,
-                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **gates, **mod,
+                           KNOBS_JSON=knobs.to_json(), EXTRA_HEADER=extra_header, **gates, **context,
                            **knobs.template_context())
 
 
-def kernel_key(knobs: Knobs, variants: frozenset[str] = frozenset(), mask_mod: Rendered | None = None) -> str:
+def kernel_key(knobs: Knobs, variants: frozenset[str] = frozenset(), mask_mod: Rendered | None = None,
+               score_mod: Rendered | None = None) -> str:
     parts = (knobs.DIRECTION, template_fingerprint(knobs.family, knobs.DIRECTION, variants), knobs.to_json(),
              __version__, triton.__version__)
-    text = "|".join(parts if mask_mod is None else (*parts, mask_mod.source))
+    text = "|".join((*parts, *(mod.source for mod in (mask_mod, score_mod) if mod is not None)))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -243,16 +248,17 @@ _variants: dict[str, Variant] = {}
 _lock = threading.Lock()
 
 
-def load(knobs: Knobs, variants: frozenset[str] = frozenset(), mask_mod: Rendered | None = None) -> Variant:
-    """The variant of `knobs` for problems using `variants` (and `mask_mod`), its kernels rendered, written and
-    imported on first use (once per process)."""
-    key = kernel_key(knobs, variants, mask_mod)
+def load(knobs: Knobs, variants: frozenset[str] = frozenset(), mask_mod: Rendered | None = None,
+         score_mod: Rendered | None = None) -> Variant:
+    """The variant of `knobs` for problems using `variants` (and `mask_mod`, `score_mod`), its kernels rendered,
+    written and imported on first use (once per process)."""
+    key = kernel_key(knobs, variants, mask_mod, score_mod)
     variant = _variants.get(key)
     if variant is not None:
         return variant
     with _lock:
         if key not in _variants:
-            source = render(knobs, variants=variants, mask_mod=mask_mod)
+            source = render(knobs, variants=variants, mask_mod=mask_mod, score_mod=score_mod)
             _variants[key] = Variant(knobs, _import(key, _write(key, source)))
         return _variants[key]
 

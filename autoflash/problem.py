@@ -15,7 +15,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 # rendered only for problems that use it (`{% if WINDOW %}...{% endif %}`), and a template fingerprint counts
 # only the gates its problems use (codegen.template_fingerprint), so a plain problem's kernels, fingerprint and
 # tuned records do not change when a variant is added.
-VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGED", "MASK_MOD")
+VARIANTS = ("WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGED", "MASK_MOD", "SCORE_MOD")
 # The fields of a plain problem (the shapes, the causal flag, the dtype); the variant fields follow them.
 PLAIN_FIELDS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal", "dtype")
 
@@ -53,28 +53,32 @@ class Problem:
     # and ranks (MaskMod.fingerprint), "" for none. The mask changes the work, so each mod is a problem of its own.
     mask_mod: str = ""
     page_size: int = 0  # PAGED: tokens a page of the KV cache; 0 otherwise
+    # A user-written score transform (SCORE_MOD, autoflash/score_mod.py): its fingerprint (ScoreMod.fingerprint), ""
+    # for none. Its code changes the kernels (their speed too), so each mod is a problem of its own.
+    score_mod: str = ""
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, causal: bool, window_size=(-1, -1), softcap=False,
-                     alibi=False, mask_mod: str = "") -> "Problem":
+                     alibi=False, mask_mod: str = "", score_mod: str = "") -> "Problem":
         batch, heads_q, seqlen_q, head_dim = q.shape
         return cls(batch, heads_q, k.shape[1], seqlen_q, k.shape[2], head_dim, bool(causal),
                    str(q.dtype).removeprefix("torch.")).with_variants(window_size, bool(softcap), bool(alibi),
-                                                                      mask_mod)
+                                                                      mask_mod, score_mod)
 
     def with_variants(self, window_size=(-1, -1), softcap: bool = False, alibi: bool = False,
-                      mask_mod: str = "") -> "Problem":
+                      mask_mod: str = "", score_mod: str = "") -> "Problem":
         """This problem with flash-attn's window_size (left, right) in canonical form (`checks.canonical_window`:
         a window that masks nothing is none, so such a call is a plain problem with its tuned records), softcap,
-        alibi and a mask_mod's fingerprint."""
+        alibi and a mask_mod's and a score_mod's fingerprints."""
         causal, window = canonical_window(self.causal, window_size, self.seqlen_q, self.seqlen_k)
-        return replace(self, causal=causal, window=window, softcap=softcap, alibi=alibi, mask_mod=mask_mod)
+        return replace(self, causal=causal, window=window, softcap=softcap, alibi=alibi, mask_mod=mask_mod,
+                       score_mod=score_mod)
 
     def gates(self) -> frozenset[str]:
         """The variants this problem uses, as names of VARIANTS: the Jinja gates its kernels are rendered with
-        (`variants`, and WINDOW, SOFTCAP, ALIBI, MASK_MOD where the fields say)."""
+        (`variants`, and WINDOW, SOFTCAP, ALIBI, MASK_MOD, SCORE_MOD where the fields say)."""
         used = {"WINDOW": self.window != (-1, -1), "SOFTCAP": self.softcap, "ALIBI": self.alibi,
-                "MASK_MOD": bool(self.mask_mod)}
+                "MASK_MOD": bool(self.mask_mod), "SCORE_MOD": bool(self.score_mod)}
         return self.variants | frozenset(name for name, on in used.items() if on)
 
     def bounds(self) -> tuple[int | None, int | None]:
@@ -115,7 +119,10 @@ class Problem:
                     raise ValueError(f"field '{name}' of a packed problem is the longest sequence rounded up to a "
                                      f"power of two, as dispatch keys calls: write {length_bucket(getattr(self, name))}"
                                      f", not {getattr(self, name)}")
-        if self.with_variants(self.window, self.softcap, self.alibi, self.mask_mod) != self:
+        if type(self.score_mod) is not str or self.score_mod and len(self.score_mod) != 16:
+            raise ValueError(f"field 'score_mod' must be a mod's 16-character fingerprint or '', got "
+                             f"{self.score_mod!r}")
+        if self.with_variants(self.window, self.softcap, self.alibi, self.mask_mod, self.score_mod) != self:
             raise ValueError(f"field 'window' {self.window} is not in canonical form: build the problem with "
                              "with_variants()")
         for name in ("softcap", "alibi"):
@@ -126,7 +133,8 @@ class Problem:
     def key(self) -> str:
         """A stable name, e.g. 'b4-hq32-hkv8-sq2048-sk2048-d128-causal-bfloat16'; variants add their parts
         ('-varlen', '-paged', '-wl4096' for a window of 4096 keys to the left, '-wr16', '-softcap', '-alibi',
-        '-mask' and the mod's fingerprint, '-page16' for pages of 16 tokens), plain problems none."""
+        '-mask' and the mod's fingerprint, '-score' and a score_mod's, '-page16' for pages of 16 tokens), plain
+        problems none."""
         return (f"b{self.batch}-hq{self.heads_q}-hkv{self.heads_kv}-sq{self.seqlen_q}-sk{self.seqlen_k}"
                 f"-d{self.head_dim}-{'causal' if self.causal else 'full'}-{self.dtype}"
                 + "".join(f"-{part}" for part in self._variant_parts()))
@@ -136,6 +144,7 @@ class Problem:
         return [name.lower() for name in sorted(self.variants)] + [
             part for part, used in ((f"wl{left}", left != -1), (f"wr{right}", right != -1), ("softcap", self.softcap),
                                     ("alibi", self.alibi), (f"mask{self.mask_mod}", self.mask_mod),
+                                    (f"score{self.score_mod}", self.score_mod),
                                     (f"page{self.page_size}", self.page_size)) if used]
 
     def stored_variants(self) -> dict:
@@ -145,20 +154,23 @@ class Problem:
                                                        ("softcap", self.softcap, False),
                                                        ("alibi", self.alibi, False),
                                                        ("mask_mod", self.mask_mod, ""),
+                                                       ("score_mod", self.score_mod, ""),
                                                        ("page_size", self.page_size, 0)) if value != plain}
 
     def with_stored_variants(self, stored) -> "Problem":
         """This problem with the variant fields `stored_variants()` gave (read back from a database: validate it)."""
         if not isinstance(stored, dict) or set(stored) - {"variants", "window", "softcap", "alibi", "mask_mod",
-                                                          "page_size"}:
-            raise ValueError(f"field 'variants' must map variants, window, softcap, alibi, mask_mod, page_size, got "
+                                                          "score_mod", "page_size"}:
+            raise ValueError(f"field 'variants' must map variants, window, softcap, alibi, mask_mod, score_mod, "
+                             f"page_size, got "
                              f"{str(stored)[:80]!r}: "
                              "this record may come from another autoflash version")
         window, names = stored.get("window", (-1, -1)), stored.get("variants", [])
         return replace(self, variants=frozenset(names) if isinstance(names, list) else names,
                        window=tuple(window) if isinstance(window, list) else window,
                        softcap=stored.get("softcap", False), alibi=stored.get("alibi", False),
-                       mask_mod=stored.get("mask_mod", ""), page_size=stored.get("page_size", 0))
+                       mask_mod=stored.get("mask_mod", ""), score_mod=stored.get("score_mod", ""),
+                       page_size=stored.get("page_size", 0))
 
     def label(self) -> str:
         """Short form for tables: 'b4 h32/8 s2048 d128 causal bf16'."""
@@ -170,13 +182,13 @@ class Problem:
 
     def distance(self, other: "Problem") -> float | None:
         """Log-scale distance to a problem of the same kind (dtype, head dim, causal flag, GQA ratio, window,
-        softcap, alibi, mask_mod): lengths, batch x heads and page sizes (where both have pages) compared in log2;
-        None for a problem of another kind. Packed and paged problems are of the kind of the dense ones (dispatch
+        softcap, alibi, mods): lengths, batch x heads and page sizes (where both have pages) compared in log2; None
+        for a problem of another kind. Packed and paged problems are of the kind of the dense ones (dispatch
         prefers those with its own variants: dispatch.choose)."""
         kind = (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv, self.window, self.softcap,
-                self.alibi, self.mask_mod)  # (packed sequences and pages take dense records: `variants` aside)
+                self.alibi, self.mask_mod, self.score_mod)  # (packed sequences, pages: dense records, `variants` aside)
         if kind != (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv, other.window,
-                    other.softcap, other.alibi, other.mask_mod):
+                    other.softcap, other.alibi, other.mask_mod, other.score_mod):
             return None
         return sum(abs(math.log2(x) - math.log2(y)) for x, y in (
             (self.seqlen_q, other.seqlen_q), (self.seqlen_k, other.seqlen_k),

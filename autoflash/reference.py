@@ -5,6 +5,7 @@ import math
 import torch
 
 from autoflash.mask_mod import as_mask_mod
+from autoflash.score_mod import as_score_mod
 
 # Largest ‖out − ref‖ / ‖ref‖ accepted from a kernel: the rounding of P and of the output to fp16
 # costs ~1e-3, to bf16 ~1e-2; fp32 kernels compute in fp32 throughout.
@@ -31,28 +32,34 @@ def gradient_errors(grads, refs) -> list[float]:
 
 
 def attention_reference(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64, window_size=(-1, -1),
-                        softcap=0.0, alibi_slopes=None, mask_mod=None):
+                        softcap=0.0, alibi_slopes=None, mask_mod=None, score_mod=None):
     """Attention with the same conventions as `autoflash.attention`, the full score matrix built.
 
     q: (batch, heads_q, seqlen_q, head_dim); k, v: (batch, heads_kv, seqlen_k, head_dim).
     Variants as in flash-attn: window_size (left, right) keys either side of the bottom-right diagonal (-1:
     unbounded), softcap (scores s become softcap·tanh(s / softcap); 0: off), alibi_slopes ((heads_q,) or
     (batch, heads_q): -slope·|i + seqlen_k - seqlen_q - j| added to the scores, after the softcap), and
-    mask_mod (a function or autoflash.MaskMod: the pairs it refuses are masked, beside the others).
+    mask_mod (a function or autoflash.MaskMod: the pairs it refuses are masked, beside the others), score_mod (a
+    function or autoflash.ScoreMod: applied to the scores after the softcap and ALiBi, before the masks).
     Returns (out, lse): out like q in `dtype`; lse (batch, heads_q, seqlen_q), natural log.
     Rows that see no key (bottom-right causal with seqlen_q > seqlen_k, a window beside every key) give out 0
     and lse -inf.
     """
     probs, lse, v, _ = _probabilities(q, k, v, causal, softmax_scale, dtype, window_size, softcap, alibi_slopes,
-                                      mask_mod)
+                                      mask_mod, score_mod)
     return torch.matmul(probs, v), lse
 
 
 def attention_backward_reference(q, k, v, dout, causal=False, softmax_scale=None, dlse=None, dtype=torch.float64,
-                                 window_size=(-1, -1), softcap=0.0, alibi_slopes=None, mask_mod=None):
+                                 window_size=(-1, -1), softcap=0.0, alibi_slopes=None, mask_mod=None,
+                                 score_mod=None):
     """(dq, dk, dv) in `dtype`: the gradients of sum(out * dout) + sum(lse * dlse) for attention_reference's
     (out, lse), by the explicit formulas (dS = P * (dP - rowsum(dO * O) + dlse), times 1 - tanh² of the capped
-    scores under softcap); GQA sums dk, dv over the query heads of each KV head."""
+    scores under softcap); GQA sums dk, dv over the query heads of each KV head. With a score_mod, by autograd
+    through attention_reference (the mod's derivative as torch takes it)."""
+    if score_mod is not None:
+        return _autograd_backward(q, k, v, dout, causal, softmax_scale, dlse, dtype, window_size, softcap,
+                                  alibi_slopes, mask_mod, score_mod)
     scale = _scale(softmax_scale, q.shape[-1])
     probs, _, v_rep, capped = _probabilities(q, k, v, causal, softmax_scale, dtype, window_size, softcap,
                                              alibi_slopes, mask_mod)
@@ -71,6 +78,19 @@ def attention_backward_reference(q, k, v, dout, causal=False, softmax_scale=None
     def per_kv_head(t):  # (batch, heads_q, seqlen_k, d) -> (batch, heads_kv, seqlen_k, d)
         return t.unflatten(1, (k.shape[1], -1)).sum(2)
     return dq, per_kv_head(dk), per_kv_head(dv)
+
+
+def _autograd_backward(q, k, v, dout, causal, softmax_scale, dlse, dtype, *variants):
+    """attention_backward_reference by autograd through attention_reference (rows that see no key give 0)."""
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out, lse = attention_reference(q, k, v, causal, softmax_scale, dtype, *variants)
+    outputs, grads = [out], [dout.to(dtype)]
+    if dlse is not None:
+        finite = torch.isfinite(lse)
+        outputs.append(torch.where(finite, lse, 0.0))
+        grads.append(torch.where(finite, dlse.to(dtype), 0.0))
+    dq, dk, dv = torch.autograd.grad(outputs, (q, k, v), grads, allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g.nan_to_num() for t, g in ((q, dq), (k, dk), (v, dv)))
 
 
 def sdpa_attention(q, k, v, causal=False):
@@ -92,7 +112,7 @@ def _scale(softmax_scale, head_dim: int) -> float:
 
 
 def _probabilities(q, k, v, causal, softmax_scale, dtype, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                   mask_mod=None):
+                   mask_mod=None, score_mod=None):
     """(P, lse, v repeated per query head, tanh(s / softcap) or None) in `dtype`."""
     scale = _scale(softmax_scale, q.shape[-1])
     group = q.shape[1] // k.shape[1]
@@ -112,6 +132,8 @@ def _probabilities(q, k, v, causal, softmax_scale, dtype, window_size=(-1, -1), 
         slopes = alibi_slopes.to(dtype)
         slopes = slopes[None, :] if slopes.dim() == 1 else slopes
         scores = scores - slopes[:, :, None, None] * offset.abs().to(dtype)
+    if score_mod is not None:
+        scores = as_score_mod(score_mod).apply(scores)
     left, right = window_size
     if causal:
         right = 0

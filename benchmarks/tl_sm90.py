@@ -60,12 +60,12 @@ def _ptxas(ptx: str) -> dict:
                 spill_loads=int(re.search(r"(\d+) bytes spill loads", text).group(1)))
 
 
-def rendered(knobs, gates=frozenset(), mask_mod=None):
+def rendered(knobs, gates=frozenset(), mask_mod=None, score_mod=None):
     """The imported module of a variant's kernels, rendered with `gates` (and a MASK_MOD problem's rendered
-    `mask_mod`; Triton reads a kernel's source file)."""
+    `mask_mod`, a SCORE_MOD problem's `score_mod`; Triton reads a kernel's source file)."""
     from autoflash import codegen
 
-    source = codegen.render(knobs, variants=gates, mask_mod=mask_mod)
+    source = codegen.render(knobs, variants=gates, mask_mod=mask_mod, score_mod=score_mod)
     path = Path(tempfile.gettempdir()) / f"tl_{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)

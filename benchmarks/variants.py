@@ -5,7 +5,9 @@ forced), all in one run; TFLOP/s count only the pairs that attend (`Problem.flop
 pairs their mask keeps, from the mask itself). A line of JSON per case. The mask_mod cases ("documents": 8
 documents of equal length, "prefix-lm": a prefix of 1/8 of the tokens visible to all, causal after it) run one mod
 in both: autoflash.MaskMod and FlexAttention's mask_mod with its create_block_mask (block mask time not counted,
-nor autoflash's block table, built at the first call).
+nor autoflash's block table, built at the first call). The score_mod case ("causal score_mod softcap": the
+softcap of 50 written as a score_mod) runs one function in both: autoflash.ScoreMod and FlexAttention's score_mod,
+beside "causal softcap", autoflash's fixed variant.
 
     python benchmarks/variants.py --seqlen 32768 --heads 32/8 --head-dim 128 --out variants.jsonl
 """
@@ -32,6 +34,7 @@ CASES = {  # name -> (causal, the problem's variant fields: Problem.with_variant
     "documents": (False, dict(mask_mod="documents")),
     "causal documents": (True, dict(mask_mod="documents")),
     "prefix-lm": (False, dict(mask_mod="prefix-lm")),
+    "causal score_mod softcap": (True, dict(score_mod="softcap")),
 }
 
 
@@ -41,6 +44,10 @@ def same_document(b, h, q_idx, kv_idx, document_id):
 
 def prefix_lm(b, h, q_idx, kv_idx, prefix):
     return (kv_idx < prefix[0]) | (kv_idx <= q_idx)
+
+
+def softcap(score, b, h, q_idx, kv_idx):
+    return 50.0 * torch.tanh(score / 50.0)  # (TUNING_SOFTCAP, the fixed softcap cases' value)
 
 
 def mask_mods(seqlen: int, device) -> dict:
@@ -58,6 +65,14 @@ def flex_mask_call(mod, causal: bool, problem: Problem, device):
         return seen & (j <= i) if causal else seen
     block_mask = create_block_mask(mask_mod, None, None, problem.seqlen_q, problem.seqlen_k, device=device)
     return lambda q, k, v: _flex(q, k, v, block_mask=block_mask, enable_gqa=problem.heads_q != problem.heads_kv)
+
+def _flex_score_call(score_mod, causal: bool, problem: Problem, device):
+    """FlexAttention with `score_mod` (the function autoflash.ScoreMod renders) and causal masking."""
+    block_mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, problem.seqlen_q, problem.seqlen_k,
+                                   device=device) if causal else None
+    return lambda q, k, v: _flex(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                 enable_gqa=problem.heads_q != problem.heads_kv)
+
 
 torch._dynamo.config.recompile_limit = 64  # one compile per case and grad mode: past the default 8, dynamo would
 _flex = torch.compile(flex_attention, dynamic=False)  # fall back to eager flex_attention, which holds all scores
@@ -124,7 +139,7 @@ def main():
         if args.cases and name not in args.cases.split(","):
             continue
         mod = mods.get(fields.get("mask_mod"))
-        fixed = {n: f for n, f in fields.items() if n != "mask_mod"}
+        fixed = {n: f for n, f in fields.items() if n not in ("mask_mod", "score_mod")}
         problem = Problem.from_tensors(q, k, causal).with_variants(**fixed)
         kwargs = dict(variant_kwargs(problem, q.device), causal=causal)
         flex = flex_call(problem, kwargs, q.device)
@@ -133,6 +148,12 @@ def main():
             problem = problem.with_variants(mask_mod=mod.fingerprint())
             pairs = mod.mask(1, 1, args.seqlen, args.seqlen, q.device)[0, 0]
             flops = 4.0 * args.batch * heads_q * args.head_dim * int((pairs.tril() if causal else pairs).sum())
+        elif "score_mod" in fields:
+            score_mod = autoflash.ScoreMod(softcap)
+            kwargs, problem = dict(causal=causal, score_mod=score_mod), problem.with_variants(
+                score_mod=score_mod.fingerprint())
+            flex = _flex_score_call(softcap, causal, problem, q.device)
+            flops = problem.flops("fwd")
         else:
             flops = problem.flops("fwd")
         impls = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, **kwargs), "flex": flex}

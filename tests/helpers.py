@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.reference import (GRAD_TOLERANCE, TOLERANCE, attention_backward_reference, attention_reference,
                                 gradient_errors, relative_error)
 
@@ -27,6 +28,57 @@ def poisoned_outputs(q):
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
     return out, lse
+
+
+# The user-written mods' kernel tests (test_mask_mod.py, test_score_mod.py): (batch, heads_q, heads_kv, seqlen_q,
+# seqlen_k, head_dim) with lengths 1, 7, 123 no block divides, GQA, both ways round; small tiles of each kind.
+MOD_SHAPES = [(1, 2, 1, 1, 7, 16), (2, 4, 2, 45, 61, 32), (1, 1, 1, 123, 77, 40)]
+MOD_FWD_KNOBS = [
+    FwdKnobs(block_m=16, block_n=16, num_warps=2, num_stages=2),
+    FwdKnobs(block_m=32, block_n=16, num_warps=2, num_stages=2, exp="exp", kv_splits=2),
+    FwdKnobs(block_m=16, block_n=32, num_warps=2, num_stages=2, loads="tma_host", head_dim_split=True),
+]
+MOD_BWD_KNOBS = [
+    BwdKnobs(block_m=16, block_n=32, num_warps=2, num_stages=1),
+    BwdKnobs(block_m=32, block_n=16, num_warps=2, num_stages=1, dq="atomic"),
+]
+
+
+MOD_GPU_SHAPES = [(2, 8, 2, 1000, 1000, 128), (1, 4, 4, 4097, 4097, 64), (3, 2, 1, 257, 1000, 80)]
+
+
+def assert_mods_match_on_the_gpu(causal, dtype, argument: str, mods_of):
+    """autoflash.attention with each mod of `mods_of(shape)` as its `argument` (mask_mod, score_mod), on
+    MOD_GPU_SHAPES: out, lse and gradients against the fp64 reference."""
+    import autoflash
+
+    for i, shape in enumerate(MOD_GPU_SHAPES):
+        q, k, v = make_qkv(*shape, dtype, "cuda", seed=i)
+        for mod in mods_of(shape):
+            out, lse = autoflash.attention(q, k, v, causal=causal, return_lse=True, **{argument: mod})
+            assert_matches_reference(out, lse, q, k, v, causal, **{argument: mod})
+            assert_gradients_match(q, k, v, causal, **{argument: mod})
+
+
+def assert_forward_kernels_match(kernels, variant, q, k, v, causal, softmax_scale, **variants):
+    """One launch of a loaded variant's forward (codegen.load) into NaN-poisoned outputs, against the fp64
+    reference; `variants` as attention_reference takes them."""
+    out, lse = poisoned_outputs(q)
+    kernels.forward(q, k, v, out, lse, softmax_scale, causal, variant=variant)
+    assert_matches_reference(out, lse, q, k, v, causal, softmax_scale, **variants)
+
+
+def assert_backward_kernels_match(kernels, variant, q, k, v, causal, seed, **variants):
+    """One launch of a loaded variant's backward, from the fp64 reference's out and lse into NaN-poisoned gradients,
+    against the fp64 reference's gradients."""
+    out, lse = attention_reference(q, k, v, causal, **variants)
+    out, lse = out.to(q.dtype), lse.float()
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q)
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    kernels.backward(q, k, v, out, lse, dout, *grads, q.shape[-1] ** -0.5, causal, variant=variant)
+    expected = attention_backward_reference(q, k, v, dout, causal, **variants)
+    for name, error in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
+        assert error < GRAD_TOLERANCE[q.dtype], f"{sorted(variants)} causal={causal}: {name} error {error:.2e}"
 
 
 def assert_matches_reference(out, lse, q, k, v, causal, softmax_scale=None, **variants):

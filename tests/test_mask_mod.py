@@ -8,14 +8,15 @@ import torch
 
 import autoflash
 from autoflash import checks, codegen
-from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
+from autoflash.families.tl.knobs import FwdKnobs
 from autoflash.launch import compile_launch
 from autoflash.mask_mod import MaskMod
 from autoflash.problem import Problem
-from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, attention_reference, gradient_errors
 from autoflash.resources import launcher
 from conftest import DEVICE
-from helpers import assert_gradients_match, assert_matches_reference, make_qkv, poisoned_outputs
+from helpers import (MOD_BWD_KNOBS, MOD_FWD_KNOBS, MOD_SHAPES, assert_backward_kernels_match,
+                     assert_forward_kernels_match, assert_gradients_match, assert_matches_reference,
+                     assert_mods_match_on_the_gpu, make_qkv)
 
 
 def same_document(b, h, q_idx, kv_idx, document_id):
@@ -220,19 +221,6 @@ def test_new_captures_get_new_tables():
 
 # -- the kernels --
 
-# (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim): lengths 1, 7, 123 no block divides, GQA, both ways round
-SHAPES = [(1, 2, 1, 1, 7, 16), (2, 4, 2, 45, 61, 32), (1, 1, 1, 123, 77, 40)]
-FWD_KNOBS = [
-    FwdKnobs(block_m=16, block_n=16, num_warps=2, num_stages=2),
-    FwdKnobs(block_m=32, block_n=16, num_warps=2, num_stages=2, exp="exp", kv_splits=2),
-    FwdKnobs(block_m=16, block_n=32, num_warps=2, num_stages=2, loads="tma_host", head_dim_split=True),
-]
-BWD_KNOBS = [
-    BwdKnobs(block_m=16, block_n=32, num_warps=2, num_stages=1),
-    BwdKnobs(block_m=32, block_n=16, num_warps=2, num_stages=1, dq="atomic"),
-]
-
-
 def _run(knobs, shape, dtype, mod, causal, seed):
     q, k, v = make_qkv(*shape, dtype, DEVICE, seed=seed)
     problem = Problem.from_tensors(q, k, causal, mask_mod=mod.fingerprint())
@@ -240,33 +228,23 @@ def _run(knobs, shape, dtype, mod, causal, seed):
     return q, k, v, codegen.load(knobs, problem.gates(), mod.rendered), variant
 
 
-@pytest.mark.parametrize("knobs", FWD_KNOBS, ids=str)
+@pytest.mark.parametrize("knobs", MOD_FWD_KNOBS, ids=str)
 def test_forward_matches_reference(knobs):
     """Each mod, causal and not, on each knob set, the shapes in turn."""
     for n, (mod_index, causal) in enumerate([(0, False), (1, True), (0, True), (1, False)]):
-        shape = SHAPES[(n + FWD_KNOBS.index(knobs)) % len(SHAPES)]
+        shape = MOD_SHAPES[(n + MOD_FWD_KNOBS.index(knobs)) % len(MOD_SHAPES)]
         mod = mods(max(shape[3:5]))[mod_index]
         q, k, v, kernels, variant = _run(knobs, shape, torch.float16, mod, causal, seed=n)
-        out, lse = poisoned_outputs(q)
-        kernels.forward(q, k, v, out, lse, 0.7 / shape[-1] ** 0.5, causal, variant=variant)
-        assert_matches_reference(out, lse, q, k, v, causal, 0.7 / shape[-1] ** 0.5, mask_mod=mod)
+        assert_forward_kernels_match(kernels, variant, q, k, v, causal, 0.7 / shape[-1] ** 0.5, mask_mod=mod)
 
 
-@pytest.mark.parametrize("knobs", BWD_KNOBS, ids=str)
+@pytest.mark.parametrize("knobs", MOD_BWD_KNOBS, ids=str)
 def test_backward_matches_reference(knobs):
     for n, (mod_index, causal) in enumerate([(0, True), (1, False), (1, True)]):
-        shape = SHAPES[(n + BWD_KNOBS.index(knobs)) % len(SHAPES)]
-        dtype = torch.float32 if n % 2 else torch.float16
+        shape = MOD_SHAPES[(n + MOD_BWD_KNOBS.index(knobs)) % len(MOD_SHAPES)]
         mod = mods(max(shape[3:5]))[mod_index]
-        q, k, v, kernels, variant = _run(knobs, shape, dtype, mod, causal, seed=n)
-        out, lse = attention_reference(q, k, v, causal, mask_mod=mod)
-        out, lse = out.to(dtype), lse.float()
-        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(n)).to(q)
-        grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-        kernels.backward(q, k, v, out, lse, dout, *grads, shape[-1] ** -0.5, causal, variant=variant)
-        expected = attention_backward_reference(q, k, v, dout, causal, mask_mod=mod)
-        for name, error in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
-            assert error < GRAD_TOLERANCE[dtype], f"{mod.fn.__name__} causal={causal}: {name} error {error:.2e}"
+        q, k, v, kernels, variant = _run(knobs, shape, torch.float32 if n % 2 else torch.float16, mod, causal, seed=n)
+        assert_backward_kernels_match(kernels, variant, q, k, v, causal, n, mask_mod=mod)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -282,16 +260,8 @@ def test_bfloat16_under_the_interpreter_carries_the_mod():
     assert_gradients_match(q, k, v, False, mask_mod=mods(30)[0], softcap=3.0)
 
 
-GPU_SHAPES = [(2, 8, 2, 1000, 1000, 128), (1, 4, 4, 4097, 4097, 64), (3, 2, 1, 257, 1000, 80)]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_mask_mods_on_the_gpu(causal, dtype):
-    for i, shape in enumerate(GPU_SHAPES):
-        q, k, v = make_qkv(*shape, dtype, "cuda", seed=i)
-        for mod in mods(max(shape[3:5])):
-            out, lse = autoflash.attention(q, k, v, causal=causal, mask_mod=mod, return_lse=True)
-            assert_matches_reference(out, lse, q, k, v, causal, mask_mod=mod)
-            assert_gradients_match(q, k, v, causal, mask_mod=mod)
+    assert_mods_match_on_the_gpu(causal, dtype, "mask_mod", lambda shape: mods(max(shape[3:5])))

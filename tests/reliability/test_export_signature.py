@@ -115,3 +115,9 @@ def test_a_mask_mod_is_refused_by_name(exported):
     q, k, v = inputs()
     with pytest.raises(ValueError, match="no mask_mod kernels"):
         exported.attention(q, k, v, causal=True, mask_mod=lambda b, h, q_idx, kv_idx: q_idx >= kv_idx)
+
+
+def test_a_score_mod_is_refused_by_name(exported):
+    q, k, v = inputs()
+    with pytest.raises(ValueError, match="no score_mod kernels"):
+        exported.attention(q, k, v, causal=True, score_mod=lambda score, b, h, q_idx, kv_idx: score)

@@ -82,7 +82,8 @@ def pack_heads(knobs: Knobs, problem: Problem) -> Knobs:
     steps with 4-16 query heads per KV head ran 1.3-4.7x faster packed (with key splits); a 2048-token
     prefill ran at half the speed."""
     if not isinstance(knobs, FwdKnobs) or problem.heads_q == problem.heads_kv or problem.seqlen_q >= knobs.block_m \
-            or problem.mask_mod:  # (a mask_mod's block table has a row per head's query block)
+            or problem.mask_mod or problem.score_mod:  # (a mod takes one head per tile: a mask_mod's block table
+        # has a row per head's query block, a score_mod gets the head as a number)
         return knobs
     return replace(knobs, pack_gqa=True, loads="pointer")
 

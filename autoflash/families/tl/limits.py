@@ -98,6 +98,8 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
         if knobs.pack_gqa and "MASK_MOD" in problem.gates():
             why.append("pack_gqa gathers the rows of several heads into a tile; a mask_mod's block table has a "
                        "row per head's query block")
+        if knobs.pack_gqa and "SCORE_MOD" in problem.gates():
+            why.append("pack_gqa gathers the rows of several heads into a tile; a score_mod gets one head per tile")
         if knobs.head_dim_split and column_tiles(knobs, problem)[0] < 16:
             why.append(f"head_dim_split: head dim {problem.head_dim} leaves a first column tile below tl.dot's 16")
         rows = query_rows(knobs, problem)
