@@ -38,8 +38,8 @@ def _serve(conn, role: str, loader: str, interpret: bool):
         kind, problem, direction, knobs_json = request
         if bench is None or (bench.problem, bench.direction) != (problem, direction):
             bench = None  # free the last problem's tensors first
-            kind = PackedBench if "VARLEN" in problem.variants else Bench
-            bench = kind(problem, direction, device, loader, measure=role == "measure")
+            bench_class = PackedBench if "VARLEN" in problem.variants else Bench
+            bench = bench_class(problem, direction, device, loader, measure=role == "measure")
         if kind == "sdpa":
             try:
                 conn.send(bench.sdpa_ms())
