@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import triton
 
 import autoflash
+from results_file import append_row
 
 
 def host_us(fn, args, calls=2000, rounds=5) -> float:
@@ -74,9 +75,7 @@ def main():
                                      backend=backend_of(q, k, v, causal)))
     for row in rows:
         print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(dict(row, **meta)) + "\n")
+        append_row(args.out, dict(row, **meta))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ heads_kv x head_dim x 2 x bytes."""
 
 import argparse
 import datetime
-import json
 import sys
 
 import torch
@@ -19,6 +18,7 @@ import triton
 import autoflash
 from autoflash.reference import sdpa_attention
 from forced_knobs import changes_of, forced_knobs, label
+from results_file import append_row
 
 
 def lengths_of(batch, low, high, seed):
@@ -89,9 +89,7 @@ def main(argv=None):
                     kv_bytes=kv_bytes, ms=ms, tb_per_s=kv_bytes / ms / 1e9, gpu=torch.cuda.get_device_name(),
                     time=stamp)
         print(f"{name:22s} {ms * 1e3:9.1f} us  {line['tb_per_s']:.2f} TB/s")
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(line) + "\n")
+        append_row(args.out, line)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from triton.testing import do_bench
 import autoflash
 from autoflash.problem import BWD_FLOP_RATIO, Problem
 from autoflash.tune.trial import TUNING_SOFTCAP, variant_kwargs
+from results_file import append_row
 
 CASES = {  # name -> (causal, the problem's variant fields: Problem.with_variants)
     "causal": (True, dict()),
@@ -169,9 +170,7 @@ def main():
                            bwd_ms=round(bwd_ms, 4), fwd_tflops=round(flops / fwd_ms * 1e-9, 1),
                            bwd_tflops=round(BWD_FLOP_RATIO * flops / bwd_ms * 1e-9, 1))
             print(json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(dict(row, **meta)) + "\n")
+            append_row(args.out, dict(row, **meta))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ visible half), so the three are comparable."""
 
 import argparse
 import datetime
-import json
 import sys
 
 import torch
@@ -20,6 +19,7 @@ import autoflash
 from autoflash.problem import Problem
 from forced_knobs import changes_of, forced_knobs, label
 from kvcache_decode import lengths_of
+from results_file import append_row
 
 
 def useful_flops(lengths, heads, head_dim, causal):
@@ -86,9 +86,7 @@ def main(argv=None):
             line = dict(case=label(name, change), direction=direction, ms=ms, tflops=work / ms / 1e9, lengths=lengths,
                         heads=args.heads, head_dim=d, causal=causal, gpu=torch.cuda.get_device_name(), time=stamp)
             print(f"{direction:8s} {line['case']:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s")
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(line) + "\n")
+            append_row(args.out, line)
 
 
 if __name__ == "__main__":
