@@ -101,6 +101,8 @@ class _Variants(NamedTuple):
         """The per-call tensors the kernels read (their order in the launcher's `variant`): ALiBi's slopes, the
         score_mod's captures, the mask_mod's."""
         slopes = () if self.alibi_slopes is None else (self.alibi_slopes,)
+        if self.score_mod is None and self.mask_mod is None:  # every plain call: no generator on the hot path
+            return slopes
         return (*slopes, *(t for mod in (self.score_mod, self.mask_mod) if mod is not None for t in mod.captures))
 
     def with_tensors(self, tensors) -> "_Variants":
