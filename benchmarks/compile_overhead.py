@@ -14,7 +14,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-import triton
 
 import autoflash
 from results_file import append_row
@@ -52,8 +51,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     args = parser.parse_args()
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                command="python benchmarks/compile_overhead.py")
+    meta = dict(gpu=torch.cuda.get_device_name())
     rows = []
     q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     calls = {

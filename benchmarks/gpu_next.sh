@@ -20,6 +20,16 @@
 # tuning_db/h100.db here before the next step (bwd retunes on top of fwd's records; bench reads both).
 set -uo pipefail
 step=$1 out=$2
+
+reap() {  # a timed-out pytest's xdist workers outlive it and keep their GPU memory: the next step would run out
+    nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | xargs -r kill -9 2>/dev/null
+}
+limit() {  # timeout [-s SIG] SECONDS CMD...; then reap what it left behind
+    timeout -k 10 "$@"; local rc=$?
+    [ $rc -ge 124 ] && reap
+    return $rc
+}
+reap  # a warm machine may still hold the last call's orphans
 mkdir -p "$out"
 day=$(date +%F)
 case $step in
@@ -41,7 +51,7 @@ fwd|bwd)  # warm-started from the shipped winners (the tuner tries them first); 
     files="fa_grid fa_grid_bf16"
     [ "$step" = fwd ] && files="$files odd_shapes gqa small_batch"
     # stopped with SIGINT before the device's 10-minute limit: the tuner saves what it finished, the merge runs
-    timeout -s INT "${RETUNE_S:-470}" bash benchmarks/retune.sh "$step" "$files" "$db" 2 \
+    limit -s INT "${RETUNE_S:-470}" bash benchmarks/retune.sh "$step" "$files" "$db" 2 \
         > "$out/${day}_h100_retune_$step.log" 2>&1
     python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
     cp tuning_db/h100.db "$out/h100.db"
@@ -64,15 +74,15 @@ varlen)
     echo "kvcache bench rc $?"; cat "$out/${day}_h100_kvcache_decode.log"
     ;;
 gbwd)  # each part under its own limit: a hung kernel (an mbarrier phase wrong) costs only its part
-    timeout 200 python -m pytest -q -m gpu -n 16 tests/test_attention_variants.py tests/test_gpu_varlen.py \
+    limit 200 python -m pytest -q -m gpu -n 16 tests/test_attention_variants.py tests/test_gpu_varlen.py \
         > "$out/${day}_h100_gpu_tests_variants_varlen.log" 2>&1
     echo "variants/varlen gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_variants_varlen.log"
-    timeout 90 python benchmarks/gluon_bwd.py --check --every 4 > "$out/${day}_h100_gluon_bwd_check.log" 2>&1
+    limit 90 python benchmarks/gluon_bwd.py --check --every 4 > "$out/${day}_h100_gluon_bwd_check.log" 2>&1
     echo "gluon bwd check rc $?"; grep -c "^ok" "$out/${day}_h100_gluon_bwd_check.log"
     grep -v "^ok" "$out/${day}_h100_gluon_bwd_check.log" | tail -n 15
-    timeout 150 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py > "$out/${day}_h100_gpu_tests_gluon_bwd.log" 2>&1
+    limit 150 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py > "$out/${day}_h100_gpu_tests_gluon_bwd.log" 2>&1
     echo "gluon bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_bwd.log" | tail
-    timeout -s INT "${BENCH_S:-120}" python benchmarks/gluon_bwd.py --bench fa_grid \
+    limit -s INT "${BENCH_S:-120}" python benchmarks/gluon_bwd.py --bench fa_grid \
         --variants '["default", {"block_n": 128, "warpgroups": 2}, {"num_buffers": 3}]' \
         --out "$out/${day}_h100_gluon_bwd_bench.jsonl" > "$out/${day}_h100_gluon_bwd_bench.log" 2>&1
     echo "gluon bwd bench rc $?"; cat "$out/${day}_h100_gluon_bwd_bench.log" | tail -n 30
@@ -82,7 +92,7 @@ variants)
     echo "variants bench rc $?"; cat "$out/${day}_h100_variants.log" | grep -v Warning
     ;;
 sweeps)
-    timeout 200 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py tests/test_varlen.py \
+    limit 200 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py tests/test_varlen.py \
         tests/test_varlen_tables.py tests/test_kvcache.py > "$out/${day}_gpu_tests_sweeps.log" 2>&1
     echo "varlen/kvcache gpu tests rc $?"; tail -3 "$out/${day}_gpu_tests_sweeps.log"
     python benchmarks/kvcache_decode.py --out "$out/${day}_kvcache_splits.jsonl" \

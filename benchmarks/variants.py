@@ -132,7 +132,7 @@ def main():
     k, v = (torch.randn(args.batch, heads_kv, args.seqlen, args.head_dim, device="cuda", dtype=torch.bfloat16,
                         generator=gen) for _ in range(2))
     dout = torch.randn_like(q)
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
+    meta = dict(gpu=torch.cuda.get_device_name(),
                 command="python benchmarks/variants.py " + " ".join(f"--{n.replace('_', '-')} {a}"
                                                                     for n, a in vars(args).items() if n != "out"))
     mods = mask_mods(args.seqlen, q.device)
