@@ -1,4 +1,4 @@
-"""Sweep a knob where nothing is tuned yet (packed sequences, KV caches): `forced_knobs(change)` makes every forward
+"""Sweep a knob where nothing is tuned yet (variants, packed sequences, KV caches): `forced_knobs(change)` makes every forward
 dispatch inside the block run its chosen knobs with `change` applied (e.g. {"kv_splits": 8}), so one benchmark run
 times the variants side by side. For measuring, not for use: the changed knobs are not checked for validity."""
 
@@ -6,7 +6,7 @@ import contextlib
 import json
 from dataclasses import replace
 
-from autoflash import varlen
+from autoflash import api, varlen
 from autoflash.dispatch import Dispatcher
 
 
@@ -19,12 +19,17 @@ def forced_knobs(change: dict):
         return replace(chosen, knobs=replace(chosen.knobs, **change)) if change and direction == "fwd" else chosen
 
     Dispatcher.for_call = for_call
-    varlen._plans.clear()  # plans are cached per call signature: build them again under the change
+    _forget_plans()  # plans are cached per call signature: build them again under the change
     try:
         yield
     finally:
         Dispatcher.for_call = original
-        varlen._plans.clear()
+        _forget_plans()
+
+
+def _forget_plans():
+    api._plans.clear()
+    varlen._plans.clear()
 
 
 def changes_of(argument: str) -> list[dict]:

@@ -12,6 +12,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh variants $OUT  # window/softcap/ALiBi beside FlexAttention
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh sweeps  $OUT   # varlen/KV-cache: tests, host tables, key splits
 #                                                                       (NOTES V1, K1), compile overhead (issue 19)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh variant-knobs $OUT  # the variants' forward under 8 warps (NOTES 53)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/multi_gpu_tune.sh   $OUT   # a campaign on 1 GPU and on 2 (issue 19)
@@ -101,6 +102,11 @@ sweeps)
         --knobs '[{}, {"num_warps": 8}, {"block_n": 128, "num_warps": 8}, {"num_stages": 3}]' 2>&1 | grep -v Warn
     python benchmarks/compile_overhead.py --out "$out/${day}_compile_overhead.jsonl" 2>&1 | grep -v Warn
     ;;
+variant-knobs)  # the tl forward's d128 default spills under triton 3.6 (NOTES 53): 8 warps beside it
+    python benchmarks/variants.py --cases 'causal window 4096,causal softcap,causal alibi,full softcap,documents' \
+        --knobs '[{}, {"num_warps": 8}, {"num_warps": 8, "num_stages": 3}, {"block_n": 128, "num_warps": 8}]' \
+        --out "$out/${day}_h100_variants_knobs.jsonl" 2>&1 | grep -v Warn
+    ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
     python -m pytest -q -m gpu tests/test_ring_attention.py -k two_gpus 2>&1 | tail -n 2
@@ -109,6 +115,6 @@ ring)
     echo "ring rc $?"; grep '"speed"' "$out/${day}_ring_attention.jsonl"
     ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps ring" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs ring" >&2; exit 2
     ;;
 esac

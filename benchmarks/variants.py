@@ -13,7 +13,9 @@ beside "causal softcap", autoflash's fixed variant.
 """
 
 import argparse
+import functools
 import json
+import shlex
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +25,7 @@ from triton.testing import do_bench
 import autoflash
 from autoflash.problem import BWD_FLOP_RATIO, Problem
 from autoflash.tune.trial import TUNING_SOFTCAP, variant_kwargs
+from forced_knobs import changes_of, forced_knobs, label
 from results_file import append_row
 
 CASES = {  # name -> (causal, the problem's variant fields: Problem.with_variants)
@@ -124,6 +127,9 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--cases", help="comma-separated names of CASES to run (default: all)")
+    parser.add_argument("--knobs", default="[{}]",
+                        help="JSON list of forward knob changes to time autoflash under, e.g. "
+                             "'[{}, {\"num_warps\": 8}]' ({} : the dispatched knobs; the backward runs as dispatched)")
     parser.add_argument("--out", help="append a JSON line per measurement to this file")
     args = parser.parse_args()
     heads_q, heads_kv = (int(h) for h in args.heads.split("/"))
@@ -133,7 +139,7 @@ def main():
                         generator=gen) for _ in range(2))
     dout = torch.randn_like(q)
     meta = dict(gpu=torch.cuda.get_device_name(),
-                command="python benchmarks/variants.py " + " ".join(f"--{n.replace('_', '-')} {a}"
+                command="python benchmarks/variants.py " + " ".join(f"--{n.replace('_', '-')} {shlex.quote(str(a))}"
                                                                     for n, a in vars(args).items() if n != "out"))
     mods = mask_mods(args.seqlen, q.device)
     for name, (causal, fields) in CASES.items():
@@ -157,12 +163,16 @@ def main():
             flops = problem.flops("fwd")
         else:
             flops = problem.flops("fwd")
-        impls = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, **kwargs), "flex": flex}
+        call = functools.partial(autoflash.attention, **kwargs)
+        impls = {label("autoflash", change): (call, change) for change in changes_of(args.knobs)}
+        impls["flex"] = flex, {}
         if not (problem.gates() or fields):
-            impls["sdpa"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        for impl, fn in impls.items():
+            impls["sdpa"] = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                            enable_gqa=True), {})
+        for impl, (fn, change) in impls.items():
             try:
-                fwd_ms, bwd_ms = timed(fn, q, k, v, dout)
+                with forced_knobs(change):
+                    fwd_ms, bwd_ms = timed(fn, q, k, v, dout)
             except Exception as error:  # one backend's failure is recorded, the others still run
                 row = dict(case=name, impl=impl, error=f"{type(error).__name__}: {str(error)[:300]}")
             else:
