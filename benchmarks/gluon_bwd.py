@@ -4,6 +4,7 @@ autoflash's dispatcher (the family is no backward's default yet).
 Run from the checkout:
     python benchmarks/gluon_bwd.py --check            # correctness sweep against the fp64 reference gradients
     python benchmarks/gluon_bwd.py --bench fa_grid --variants '["default", {"num_buffers": 3}]' --out rows.jsonl
+    python benchmarks/gluon_bwd.py --bench fa_grid --variants '[{"family": "tl", "block_m": 32}]'  # tl points too
 
 The backward times are of the kernels alone (a plan per problem, out and lse from autoflash's forward) for gluon
 and for the variant autoflash dispatches today (tl's tuned records); SDPA's (plain: cuDNN on the H100; cuDNN
@@ -122,9 +123,9 @@ def bench(problems, variants, out_path, command):
         base = rows[-3]["ms"]
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         tuned = DISPATCHER.choice(problem, current(), "bwd").knobs  # what autoflash runs today (tl's tuned records)
-        gluon = [(f"gluon {json.dumps(change)}", _knobs(change, problem)) for change in variants]
+        changed = [(_name(change), _knobs(change, problem, tuned)) for change in variants]
         timed = set()
-        for name, knobs in [(f"autoflash {tuned.family}", tuned)] + gluon:
+        for name, knobs in [(f"autoflash {tuned.family}", tuned)] + changed:
             if knobs is None or knobs in timed:  # cannot run the problem, or a change its default already has
                 continue
             timed.add(knobs)
@@ -137,13 +138,22 @@ def bench(problems, variants, out_path, command):
         print(f"{label:28s} " + " | ".join(line), flush=True)
 
 
-def _knobs(change, problem):
-    """The family's default for the problem (change "default"), or it with these knobs changed; None where that
-    cannot run the problem."""
-    knobs = default_knobs(problem, current(), "bwd")
-    if change == "default" or knobs is None:
-        return knobs
-    knobs = BwdKnobs(**knobs.as_point() | change)
+def _name(change) -> str:
+    return "gluon default" if change == "default" else f"{change.get('family', 'gluon')} {json.dumps(change)}"
+
+
+def _knobs(change, problem, tuned):
+    """The Gluon family's default for the problem (change "default"), or it with these knobs changed; a change
+    naming {"family": "tl"} changes the dispatched tl knobs instead. None where the result cannot run the problem."""
+    if change != "default" and change.get("family") == "tl":
+        if tuned.family != "tl":
+            return None
+        knobs = type(tuned)(**tuned.as_point() | change)
+    else:
+        knobs = default_knobs(problem, current(), "bwd")
+        if change == "default" or knobs is None:
+            return knobs
+        knobs = BwdKnobs(**knobs.as_point() | change)
     return None if families.violations(knobs, problem, current()) else knobs
 
 

@@ -13,6 +13,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh sweeps  $OUT   # varlen/KV-cache: tests, host tables, key splits
 #                                                                       (NOTES V1, K1), compile overhead (issue 19)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh variant-knobs $OUT  # the variants' forward under 8 warps (NOTES 53)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-knobs $OUT  # tl backward points without spills (NOTES 54)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/multi_gpu_tune.sh   $OUT   # a campaign on 1 GPU and on 2 (issue 19)
@@ -107,6 +108,14 @@ variant-knobs)  # the tl forward's d128 default spills under triton 3.6 (NOTES 5
         --knobs '[{}, {"num_warps": 8}, {"num_warps": 8, "num_stages": 3}, {"block_n": 128, "num_warps": 8}]' \
         --out "$out/${day}_h100_variants_knobs.jsonl" 2>&1 | grep -v Warn
     ;;
+bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): the points that do not, beside them
+    limit -s INT "${BENCH_S:-300}" python benchmarks/gluon_bwd.py --bench fa_grid --variants '[
+        {"family": "tl", "block_m": 32, "block_n": 128, "num_warps": 8, "num_stages": 3, "causal_split": false},
+        {"family": "tl", "block_m": 32, "block_n": 128, "num_warps": 8, "num_stages": 4, "causal_split": false},
+        {"family": "tl", "block_m": 16, "block_n": 128, "num_warps": 8, "num_stages": 4, "causal_split": false}]' \
+        --out "$out/${day}_h100_tl_bwd_knobs.jsonl" > "$out/${day}_h100_tl_bwd_knobs.log" 2>&1
+    echo "tl bwd knobs rc $?"; tail -n 50 "$out/${day}_h100_tl_bwd_knobs.log"
+    ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
     python -m pytest -q -m gpu tests/test_ring_attention.py -k two_gpus 2>&1 | tail -n 2
@@ -115,6 +124,6 @@ ring)
     echo "ring rc $?"; grep '"speed"' "$out/${day}_ring_attention.jsonl"
     ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs ring" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs ring" >&2; exit 2
     ;;
 esac
