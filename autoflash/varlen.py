@@ -13,7 +13,7 @@ Dispatch: a call is the Problem (batch = sequences, seqlen_q/seqlen_k = max_seql
 powers of two, variants {"VARLEN"}), tuned like a dense one (`autoflash tune` on a problems file with
 `varlen: true`: autoflash/shapes.py, the trials autoflash/tune/packed.py). Dispatch takes the exact problem's
 record, else the nearest tuned packed problem's, else the nearest dense problem's winner (dispatch.choose), fitted
-to the varlen kernel (pointer loads, the table's order), else the default.
+to the varlen kernel (the table's order; pointer loads, or tma where the keys are not on pages), else the default.
 """
 
 from typing import Callable, NamedTuple

@@ -14,6 +14,7 @@
 #                                                                       (NOTES V1, K1), compile overhead (issue 19)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh variant-knobs $OUT  # the variants' forward under 8 warps (NOTES 53)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-knobs $OUT  # tl backward points without spills (NOTES 54)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-tma $OUT # packed sequences through descriptors (NOTES 55)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/multi_gpu_tune.sh   $OUT   # a campaign on 1 GPU and on 2 (issue 19)
@@ -108,6 +109,13 @@ variant-knobs)  # the tl forward's d128 default spills under triton 3.6 (NOTES 5
         --knobs '[{}, {"num_warps": 8}, {"num_warps": 8, "num_stages": 3}, {"block_n": 128, "num_warps": 8}]' \
         --out "$out/${day}_h100_variants_knobs.jsonl" 2>&1 | grep -v Warn
     ;;
+varlen-tma)  # packed sequences through device descriptors per sequence (NOTES 55): tests, then beside pointers
+    limit 200 python -m pytest -q -m gpu -n 6 tests/test_gpu_varlen.py > "$out/${day}_h100_gpu_tests_varlen_tma.log" 2>&1
+    echo "varlen gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_varlen_tma.log"
+    python benchmarks/varlen.py --out "$out/${day}_h100_varlen_tma.jsonl" --knobs '[{}, {"num_warps": 8},
+        {"loads": "tma", "num_warps": 8}, {"loads": "tma", "num_warps": 8, "num_stages": 3},
+        {"loads": "tma", "block_n": 128, "num_warps": 8}]' 2>&1 | grep -v Warn
+    ;;
 bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): the points that do not, beside them
     limit -s INT "${BENCH_S:-300}" python benchmarks/gluon_bwd.py --bench fa_grid --variants '[
         {"family": "tl", "block_m": 32, "block_n": 128, "num_warps": 8, "num_stages": 3, "causal_split": false},
@@ -124,6 +132,6 @@ ring)
     echo "ring rc $?"; grep '"speed"' "$out/${day}_ring_attention.jsonl"
     ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs ring" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma ring" >&2; exit 2
     ;;
 esac

@@ -31,6 +31,28 @@ def test_varlen_forward_backward(dtype, causal, heads_q, heads_kv, head_dim):
         assert relative_error(got, want) < GRAD_TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("knobs", [dict(loads="tma"), dict(loads="tma", num_warps=8, num_stages=3),
+                                   dict(loads="tma", kv_splits=4), dict(loads="tma", head_dim_split=True)],
+                         ids=["tma", "tma_8_warps", "tma_splits", "tma_head_dim_split"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_forward_with_descriptors_per_sequence(knobs, causal, monkeypatch):
+    """loads="tma": each program describes its own sequence's rows, so a tile stops at the sequence's end
+    (poisoned output: a row written past it, or never written, shows)."""
+    from test_varlen import force_knobs
+
+    lengths = [1000, 0, 1, 7, 123, 4097, 513]
+    q, k, v, cu_q, cu_k = packed_batch(lengths, lengths, 8, 2, 80 if knobs.get("head_dim_split") else 128,
+                                       torch.bfloat16, seed=13)
+    force_knobs(monkeypatch, "fwd", **knobs)
+    out = torch.full_like(q, float("nan"))
+    _, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, max(lengths), max(lengths), causal=causal,
+                                        return_lse=True, out=out)
+    ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal)
+    seen = torch.isfinite(ref_lse)
+    assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
+    assert torch.equal(seen, torch.isfinite(lse)) and (lse[seen].double() - ref_lse[seen]).abs().max() < 1e-2
+
+
 def test_varlen_equals_dense_on_equal_lengths():
     """Equal lengths: the varlen kernel computes what autoflash.attention does on the padded-free dense batch."""
     batch, seqlen, heads, head_dim = 4, 1024, 8, 128

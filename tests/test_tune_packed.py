@@ -72,11 +72,11 @@ def test_sequence_lengths_follow_the_documented_distribution():
 
 def test_searched_space_of_packed_problems_holds_only_valid_variants():
     tl = families.FAMILIES["tl"]
-    for problem, splits in ((Problem(16, 32, 8, 8192, 8192, 128, True, "bfloat16", VARLEN), [1]),
-                            (Problem(32, 64, 8, 1, 32768, 128, False, "bfloat16", PAGED, page_size=16),
-                             [1, 2, 4, 8, 16])):
+    for problem, loads, splits in (
+            (Problem(16, 32, 8, 8192, 8192, 128, True, "bfloat16", VARLEN), ["pointer", "tma"], [1]),
+            (Problem(32, 64, 8, 1, 32768, 128, False, "bfloat16", PAGED, page_size=16), ["pointer"], [1, 2, 4, 8, 16])):
         is_valid, space = searched_space(tl, problem, H100)
-        assert (space["loads"], space["schedule"], space["kv_splits"]) == (["pointer"], ["in_order"], splits)
+        assert (space["loads"], space["schedule"], space["kv_splits"]) == (loads, ["in_order"], splits)
         points = valid_points(space, is_valid)
         assert points and not any(families.violations(FwdKnobs(**p), problem, H100) for p in points)
     paged = Problem(2, 2, 1, 1, 64, 16, False, "float16", PAGED, page_size=16)

@@ -47,6 +47,8 @@ KNOBS = [  # what the table and the offsets must hold for: packed GQA rows, key 
     (dict(block_m=32, block_n=16, num_warps=2, num_stages=1, kv_splits=2), False),
     (dict(block_m=16, block_n=32, num_warps=2, num_stages=1, head_dim_split=True, pack_gqa=True, kv_splits=2), True),
     (dict(block_m=64, block_n=16, num_warps=4, num_stages=1, causal_split=False, exp="exp"), True),
+    (dict(block_m=32, block_n=16, num_warps=2, num_stages=1, loads="tma"), True),  # descriptors per sequence
+    (dict(block_m=16, block_n=32, num_warps=2, num_stages=1, loads="tma", kv_splits=2, head_dim_split=True), False),
 ]
 
 
@@ -156,7 +158,8 @@ def test_empty_batch_and_no_rows():
 
 def test_dispatch_key_and_families():
     """A varlen call is the Problem (sequences, longest lengths, VARLEN); plain keys are unchanged; gluon and fa1
-    refuse it; the nearest tuned dense winner is fitted to pointer loads in order."""
+    refuse it; the nearest tuned dense winner is fitted to the table's order and to pointer loads, or keeps device
+    descriptors (tma) where the keys are not on pages."""
     from dataclasses import replace
 
     from autoflash import families, gpu as gpus
@@ -180,3 +183,10 @@ def test_dispatch_key_and_families():
     fitted = fit(tuned, problem, gpu)
     assert (fitted.loads, fitted.schedule) == ("pointer", "in_order") and not families.violations(fitted, problem, gpu)
     assert families.violations(tuned, problem, gpu) and fit(tuned, plain, gpu).loads == "tma_host"
+    device_tma = replace(tuned, loads="tma")
+    assert fit(device_tma, problem, gpu).loads == "tma" and not families.violations(fit(device_tma, problem, gpu),
+                                                                                      problem, gpu)
+    paged = problem_of(q, k, 2, 4, 9, True, 16)
+    assert fit(device_tma, paged, gpu).loads == "pointer"
+    assert any("not on pages" in why for why in families.violations(replace(device_tma, schedule="in_order"), paged,
+                                                                          gpu))

@@ -9,8 +9,8 @@ problem at hand.
 from dataclasses import replace
 
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
-from autoflash.families.tl.limits import (grid_y, not_worth_timing, programs, query_rows, split_programs_per_sm,
-                                          split_saves_columns, tma_violations, violations)
+from autoflash.families.tl.limits import (grid_y, not_worth_timing, packed_loads, programs, query_rows,
+                                          split_programs_per_sm, split_saves_columns, tma_violations, violations)
 from autoflash.gpu import Gpu, tma_aligned
 from autoflash.knobs import MAX_GRID_Y, Knobs, head_dim_pad, next_power_of_2
 from autoflash.problem import Problem
@@ -58,8 +58,8 @@ def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
                     block_n=min(knobs.block_n, max(16, next_power_of_2(problem.seqlen_k))))
     if isinstance(knobs, FwdKnobs) and knobs.loads != "pointer" and tma_violations(problem, gpu):
         knobs = replace(knobs, loads="pointer")
-    if isinstance(knobs, FwdKnobs) and "VARLEN" in problem.variants:  # a table of tiles, read by pointers
-        knobs = replace(knobs, loads="pointer", schedule="in_order")
+    if isinstance(knobs, FwdKnobs) and "VARLEN" in problem.variants:  # a table of tiles, in its order
+        knobs = replace(knobs, loads=packed_loads(knobs, problem), schedule="in_order")
     if isinstance(knobs, FwdKnobs) and grid_y(knobs, problem) > MAX_GRID_Y:  # batch x heads beyond the y axis
         knobs = replace(knobs, schedule="longest_first" if knobs.schedule == "in_order" else "in_order")
     while violations(knobs, problem, gpu):

@@ -76,6 +76,13 @@ def programs(knobs: FwdKnobs, problem: Problem) -> int:
     return cdiv(query_rows(knobs, problem), knobs.block_m) * problem.batch * grid_heads(knobs, problem)
 
 
+def packed_loads(knobs: FwdKnobs, problem: Problem) -> str:
+    """How a packed problem's tiles move under `knobs`: tma stays (each program describes its own sequence's
+    rows, so a tile stops at the sequence's end), but not over pages, which gather rows; else pointers (tma_host's
+    descriptors span every sequence)."""
+    return "tma" if knobs.loads == "tma" and "PAGED" not in problem.variants else "pointer"
+
+
 def tma_violations(problem: Problem, gpu: Gpu) -> list[str]:
     why = []
     if not gpu.has_tma:
@@ -89,8 +96,11 @@ def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     """Why `knobs` cannot (or should not) run `problem` on `gpu`; empty when it can."""
     why = []
     if isinstance(knobs, FwdKnobs):
-        if "VARLEN" in problem.variants and (knobs.loads, knobs.schedule) != ("pointer", "in_order"):
-            why.append("packed sequences: pointer loads in order (the launcher's tile table orders the tiles)")
+        if "VARLEN" in problem.variants and knobs.schedule != "in_order":
+            why.append("packed sequences run in order (the launcher's tile table orders the tiles)")
+        if "VARLEN" in problem.variants and knobs.loads != packed_loads(knobs, problem):
+            why.append("packed sequences: pointer loads, or tma (descriptors per sequence) where the keys are not "
+                       "on pages")
         if knobs.loads != "pointer":
             why += tma_violations(problem, gpu)
             if knobs.pack_gqa:
