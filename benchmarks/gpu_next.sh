@@ -4,7 +4,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh check   $OUT   # GPU tests of the kernels, the Gluon sweep
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon   $OUT   # G6: dynamic tiles against the defaults
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh fwd     $OUT   # retune fwd (tl + gluon), merged
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd     $OUT   # retune bwd, merged
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd     $OUT   # retune bwd, merged (TRIALS=12 ...: more a problem)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bench   $OUT   # the FA grid, fwd and bwd, from the new db
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen  $OUT   # packed sequences and KV caches: tests, speed
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gbwd    $OUT   # variants' and varlen's GPU tests; the Gluon
@@ -54,7 +54,7 @@ fwd|bwd)  # warm-started from the shipped winners (the tuner tries them first); 
     files="fa_grid fa_grid_bf16"
     [ "$step" = fwd ] && files="$files odd_shapes gqa small_batch"
     # stopped with SIGINT before the device's 10-minute limit: the tuner saves what it finished, the merge runs
-    limit -s INT "${RETUNE_S:-470}" bash benchmarks/retune.sh "$step" "$files" "$db" 2 \
+    limit -s INT "${RETUNE_S:-470}" bash benchmarks/retune.sh "$step" "$files" "$db" "${TRIALS:-2}" \
         > "$out/${day}_h100_retune_$step.log" 2>&1
     python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
     cp tuning_db/h100.db "$out/h100.db"
