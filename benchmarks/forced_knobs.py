@@ -1,6 +1,7 @@
 """Sweep a knob where nothing is tuned yet (variants, packed sequences, KV caches): `forced_knobs(change)` makes every forward
 dispatch inside the block run its chosen knobs with `change` applied (e.g. {"kv_splits": 8}), so one benchmark run
-times the variants side by side. For measuring, not for use: the changed knobs are not checked for validity."""
+times the variants side by side; a change naming a family ({"family": "gluon", "dynamic": true}) applies only where
+that family was chosen. For measuring, not for use: the changed knobs are not checked for validity."""
 
 import contextlib
 import json
@@ -16,7 +17,8 @@ def forced_knobs(change: dict):
 
     def for_call(self, problem, gpu, direction, tensors, deterministic=False):
         chosen = original(self, problem, gpu, direction, tensors, deterministic)
-        return replace(chosen, knobs=replace(chosen.knobs, **change)) if change and direction == "fwd" else chosen
+        applies = change and direction == "fwd" and change.get("family", chosen.knobs.family) == chosen.knobs.family
+        return replace(chosen, knobs=replace(chosen.knobs, **change)) if applies else chosen
 
     Dispatcher.for_call = for_call
     _forget_plans()  # plans are cached per call signature: build them again under the change

@@ -17,6 +17,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-tma $OUT # packed sequences through descriptors (NOTES 55)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
 #   . .device/setup.sh && bash benchmarks/multi_gpu_tune.sh   $OUT   # a campaign on 1 GPU and on 2 (issue 19)
 # Logs and JSON lines land in $OUT (the device tool brings them back); copy what NOTES cite to benchmarks/results/.
 # A machine may be a fresh one at every call: after fwd and after bwd, copy the returned h100.db over
@@ -131,7 +132,14 @@ ring)
         > "$out/${day}_ring_attention.log" 2>&1
     echo "ring rc $?"; grep '"speed"' "$out/${day}_ring_attention.jsonl"
     ;;
+ring-dynamic)  # R2: the ring's forward steps with tiles claimed from a counter, beside the records' static grid
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    torchrun --nproc-per-node 2 benchmarks/ring_attention.py --reps 10 --totals 32768 65536 \
+        --knobs '[{}, {"family": "gluon", "persistent": true, "dynamic": true}]' \
+        --out "$out/${day}_ring_attention_dynamic.jsonl" > "$out/${day}_ring_attention_dynamic.log" 2>&1
+    echo "ring-dynamic rc $?"; grep '"speed"' "$out/${day}_ring_attention_dynamic.jsonl"
+    ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma ring" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma ring ring-dynamic" >&2; exit 2
     ;;
 esac

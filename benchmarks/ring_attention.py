@@ -35,6 +35,7 @@ import autoflash  # noqa: E402
 from autoflash.distributed import gather_sequence, ring_attention, shard_sequence  # noqa: E402
 from autoflash.problem import Problem  # noqa: E402
 from autoflash.reference import attention_backward_reference, attention_reference, relative_error  # noqa: E402
+from forced_knobs import changes_of, forced_knobs  # noqa: E402  (this folder: sys.path[0] when run as a script)
 
 HEADS, HEAD_DIM, DTYPE = 16, 128, torch.bfloat16
 # Where torch keeps context_parallel's options (private): torch 2.13 defines `_cp_options` in the second and
@@ -142,18 +143,21 @@ def context_parallel_ms(q, k, v, dout, causal, reps: int):
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
-def speed(total: int, causal: bool, reps: int) -> dict:
+def speed(total: int, causal: bool, reps: int, change: dict) -> dict:
+    """Ring against one GPU at the local length (and torch's context parallel SDPA); the ring's forward steps run
+    their dispatched knobs with `change` applied (benchmarks/forced_knobs.py), the single GPU its own."""
     world = dist.get_world_size()
     q, k, v, dout = full_inputs(total, seed=total)
     shards = [shard_sequence(t, causal=causal) for t in (q, k, v, dout)]
-    ring = forward_and_backward_ms(lambda q, k, v: ring_attention(q, k, v, causal=causal), shards[:3], shards[3],
-                                   reps)
+    with forced_knobs(change):
+        ring = forward_and_backward_ms(lambda q, k, v: ring_attention(q, k, v, causal=causal), shards[:3],
+                                       shards[3], reps)
     local = total // world
     single = forward_and_backward_ms(lambda q, k, v: autoflash.attention(q, k, v, causal=causal),
                                      [t[:, :, :local].contiguous() for t in (q, k, v)],
                                      dout[:, :, :local].contiguous(), reps)
     whole, part = (Problem(1, HEADS, HEADS, n, n, HEAD_DIM, causal, "bfloat16") for n in (total, local))
-    row = dict(kind="speed", total=total, causal=causal, world=world, reps=reps)
+    row = dict(kind="speed", total=total, causal=causal, world=world, reps=reps, **({"knobs": change} if change else {}))
     for i, direction in enumerate(("fwd", "bwd")):
         ring_tflops = whole.flops(direction) / world / ring[i] * 1e-9
         single_tflops = part.flops(direction) / single[i] * 1e-9
@@ -174,6 +178,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--totals", type=int, nargs="+", default=[32768, 65536, 131072])
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--knobs", default="[{}]", help="JSON list of forward knob changes for the ring's steps, "
+                        'e.g. \'[{}, {"family": "gluon", "persistent": true, "dynamic": true}]\' (NOTES R2)')
     parser.add_argument("--out", help="jsonl file for the rows (rank 0 writes it)")
     args = parser.parse_args()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # torchrun sets it; before NCCL starts
@@ -182,7 +188,8 @@ def main():
     for causal in (False, True):
         rows.append(check(4096, causal, fp64=True))
         for total in args.totals:
-            rows += [check(total, causal, fp64=False), speed(total, causal, args.reps)]
+            rows.append(check(total, causal, fp64=False))
+            rows += [speed(total, causal, args.reps, change) for change in changes_of(args.knobs)]
             torch.cuda.empty_cache()
     if dist.get_rank() == 0:
         stamp = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(),

@@ -32,6 +32,8 @@ def test_change_reaches_the_forward_and_plans_are_built_again():
         assert _fwd_knobs() == dict(before, **change)
         out = autoflash.attention(q, k, v)
     assert _fwd_knobs() == before
+    with forced_knobs({"family": "gluon", "dynamic": True}):  # another family's change: the tl choice stands
+        assert _fwd_knobs() == before
     assert relative_error(out, attention_reference(q, k, v)[0]) < 1e-4
 
 
