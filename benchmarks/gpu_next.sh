@@ -15,6 +15,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh variant-knobs $OUT  # the variants' forward under 8 warps (NOTES 53)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-knobs $OUT  # tl backward points without spills (NOTES 54)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-tma $OUT # packed sequences through descriptors (NOTES 55)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -117,6 +118,10 @@ varlen-tma)  # packed sequences through device descriptors per sequence (NOTES 5
         {"loads": "tma", "num_warps": 8}, {"loads": "tma", "num_warps": 8, "num_stages": 3},
         {"loads": "tma", "block_n": 128, "num_warps": 8}]' 2>&1 | grep -v Warn
     ;;
+on-miss)  # issue 18: tune on first use, three problems nobody tuned (first call's time, speed before and after)
+    limit -s INT 560 python benchmarks/on_miss.py --budget-s "${BUDGET_S:-45}" --out "$out/${day}_h100_on_miss.jsonl" \
+        2>&1 | grep -v Warn
+    ;;
 bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): the points that do not, beside them
     limit -s INT "${BENCH_S:-300}" python benchmarks/gluon_bwd.py --bench fa_grid --variants '[
         {"family": "tl", "block_m": 32, "block_n": 128, "num_warps": 8, "num_stages": 3, "causal_split": false},
@@ -140,6 +145,6 @@ ring-dynamic)  # R2: the ring's forward steps with tiles claimed from a counter,
     echo "ring-dynamic rc $?"; grep '"speed"' "$out/${day}_ring_attention_dynamic.jsonl"
     ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma ring ring-dynamic" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss ring ring-dynamic" >&2; exit 2
     ;;
 esac
