@@ -202,6 +202,11 @@ class Problem:
         return (2 * q + 2 * kv) * (2 if direction == "bwd" else 1) * self.element_size \
             + 4 * self.batch * self.heads_q * self.seqlen_q
 
+    def kv_bytes(self) -> int:
+        """Bytes of K and V a forward reads at least once: what bounds a decode (packed: the sequences run)."""
+        keys = sum(self.sequence_lengths()[1]) if "VARLEN" in self.variants else self.batch * self.seqlen_k
+        return 2 * keys * self.heads_kv * self.head_dim * self.element_size
+
     def sequence_lengths(self) -> tuple[list[int], list[int]]:
         """The query and key lengths of the sequences a packed (VARLEN) problem is tuned on, fixed by the problem
         alone: sequence 0 holds seqlen_k keys, every other one a length drawn log-uniform in
@@ -254,8 +259,12 @@ class Problem:
         """FlashAttention-paper count: 4·b·h·sq·sk·d for full attention, the visible half for causal.
 
         The paper counts causal as half of full; we count the pairs that really attend,
-        which equals that for seqlen_q == seqlen_k up to the diagonal. A window counts the pairs it sees.
+        which equals that for seqlen_q == seqlen_k up to the diagonal. A window counts the pairs it sees. A packed
+        problem (VARLEN, PAGED too) counts the sequences its trials run (`sequence_lengths`), each as its own.
         """
+        if "VARLEN" in self.variants:
+            return sum(replace(self, batch=1, seqlen_q=q, seqlen_k=k, variants=frozenset(), page_size=0).fwd_flops()
+                       for q, k in zip(*self.sequence_lengths()) if q and k)
         if self.window != (-1, -1):
             return 4.0 * self.batch * self.heads_q * self.visible_pairs() * self.head_dim
         if not self.causal:

@@ -135,3 +135,17 @@ def test_tuned_varlen_and_kvcache_problems_are_shown_and_dispatched(tmp_path, mo
     for c in chosen:  # filed under the templates of the variants' gates, as the window problems are
         fingerprint = codegen.template_fingerprint("tl", "fwd", c.tuned.problem.gates())
         assert [b.problem for b in Store(url).best("interpreter", fingerprint)] == [c.tuned.problem]
+
+
+def test_rates_of_packed_problems_count_the_sequences_the_trials_run():
+    """A packed problem's FLOPs and K/V bytes are those of the lengths its trials pack (a causal square per
+    sequence, a decode row over each cache), not of the dense batch its key names."""
+    packed = Problem(16, 32, 8, 8192, 8192, 128, True, "bfloat16", VARLEN)
+    lengths_q, lengths_k = packed.sequence_lengths()
+    per_sequence = [2.0 * 32 * q * k * 128 for q, k in zip(lengths_q, lengths_k)]  # causal, q == k: half of 4·h·q·k·d
+    assert packed.flops() == pytest.approx(sum(per_sequence))
+    assert packed.flops() < 0.5 * replace(packed, variants=frozenset()).flops(), "log-uniform lengths: far below"
+    decode = Problem(32, 64, 8, 1, 32768, 128, False, "bfloat16", PAGED, page_size=16)
+    keys = sum(decode.sequence_lengths()[1])
+    assert decode.kv_bytes() == 2 * keys * 8 * 128 * 2 and decode.flops() == pytest.approx(4.0 * 64 * keys * 128)
+    assert replace(decode, variants=frozenset(), page_size=0).kv_bytes() == 2 * 32 * 32768 * 8 * 128 * 2

@@ -186,6 +186,9 @@ def test_dispatch_key_and_families():
     device_tma = replace(tuned, loads="tma")
     assert fit(device_tma, problem, gpu).loads == "tma" and not families.violations(fit(device_tma, problem, gpu),
                                                                                       problem, gpu)
+    wide = replace(problem, seqlen_q=4096, seqlen_k=4096, head_dim=128)  # pointer loads, 128 x d128: 8 warps
+    assert fit(FwdKnobs(block_m=128, block_n=64, num_warps=4, loads="tma_host"), wide, gpu).num_warps == 8
+    assert fit(FwdKnobs(block_m=128, block_n=64, num_warps=4, loads="tma"), wide, gpu).num_warps == 4
     paged = problem_of(q, k, 2, 4, 9, True, 16)
     assert fit(device_tma, paged, gpu).loads == "pointer"
     assert any("not on pages" in why for why in families.violations(replace(device_tma, schedule="in_order"), paged,

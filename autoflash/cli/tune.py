@@ -195,9 +195,11 @@ def check_memory(problems, directions, limit: int, where: str) -> None:
 
 
 def format_reports(reports) -> str:
-    lines = [f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8} {'vs SDPA':>7} {'wall s':>7}  best"]
+    lines = [f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8} {'KV TB/s':>7} "
+             f"{'vs SDPA':>7} {'wall s':>7}  best"]
     for r in reports:
-        ms = f"{r.best_ms:9.4f} {r.tflops:8.1f}" if r.best_ms else f"{'-':>9} {'-':>8}"
+        tbps = f"{r.kv_tbps:7.2f}" if r.kv_tbps else f"{'-':>7}"
+        ms = f"{r.best_ms:9.4f} {r.tflops:8.1f} {tbps}" if r.best_ms else f"{'-':>9} {'-':>8} {'-':>7}"
         speedup = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7}"
         best = r.best.to_json() if r.best else f"no valid variant: {r.no_valid_variant}" if r.no_valid_variant \
             else "(no variant passed)"

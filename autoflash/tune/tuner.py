@@ -39,6 +39,11 @@ class Report:
         return self.problem.flops(self.direction) / self.best_ms * 1e-9 if self.best_ms else None
 
     @property
+    def kv_tbps(self) -> float | None:
+        """K and V read at least once a forward, per second (the figure that bounds a decode)."""
+        return self.problem.kv_bytes() / self.best_ms * 1e-9 if self.best_ms and self.direction == "fwd" else None
+
+    @property
     def speedup(self) -> float | None:
         return self.sdpa_ms / self.best_ms if self.best_ms and self.sdpa_ms else None
 

@@ -60,6 +60,10 @@ def fit(knobs: Knobs, problem: Problem, gpu: Gpu) -> Knobs:
         knobs = replace(knobs, loads="pointer")
     if isinstance(knobs, FwdKnobs) and "VARLEN" in problem.variants:  # a table of tiles, in its order
         knobs = replace(knobs, loads=packed_loads(knobs, problem), schedule="in_order")
+        if knobs.loads == "pointer" and knobs.block_m * head_dim_pad(problem.head_dim) >= 128 * 128:
+            # masked address tiles cost ~85 registers a thread: 128 x d128 at 4 warps spills 1164 B, 8 warps
+            # none and ran 1.25x faster (NOTES 49, 55)
+            knobs = replace(knobs, num_warps=max(knobs.num_warps, 8))
     if isinstance(knobs, FwdKnobs) and grid_y(knobs, problem) > MAX_GRID_Y:  # batch x heads beyond the y axis
         knobs = replace(knobs, schedule="longest_first" if knobs.schedule == "in_order" else "in_order")
     while violations(knobs, problem, gpu):
