@@ -6,6 +6,7 @@ import itertools
 import os
 import random
 import re
+from pathlib import Path
 
 import jinja2
 import pytest
@@ -358,8 +359,9 @@ def test_variants_on_the_gpu(case, dtype):
 
 
 def test_a_schema_1_database_is_read_and_upgraded_losslessly(tmp_path, monkeypatch):
-    """tuning_db/h100.db as shipped (schema 1, before variants): read as it is (its plain records dispatch), then
-    brought up to date by a store that writes, every record kept; a window problem's record then round-trips."""
+    """A schema-1 database (before variants: tests/data/h100_schema1.db, six problems of tuning_db/h100.db as it
+    shipped then): read as it is (its plain records dispatch), then brought up to date by a store that writes, every
+    record kept; a window problem's record then round-trips."""
     import shutil
     import sqlite3
 
@@ -369,7 +371,7 @@ def test_a_schema_1_database_is_read_and_upgraded_losslessly(tmp_path, monkeypat
     from autoflash.gpu import INTERPRETER, Gpu
 
     path = tmp_path / "old.db"
-    shutil.copyfile(data_dir("tuning_db") / "h100.db", path)
+    shutil.copyfile(Path(__file__).parent / "data" / "h100_schema1.db", path)
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT version FROM autoflash_schema").fetchall() == [(1,)], "not a schema-1 database"
         fingerprints = [f for (f,) in db.execute("SELECT DISTINCT fingerprint FROM autoflash_variants "

@@ -78,7 +78,8 @@ def _show(store, gpu_family: str) -> bool:
     click.echo(f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8}  best variant")
     for (direction, problem), (trials, failed) in counts.items():
         b = best.get((direction, problem))
-        speed = f"{b.median_ms:9.4f} {b.tflops:8.1f}" if b else f"{'-':>9} {'-':>8}"
+        # the rate from today's count (a record's stored one keeps the count of its day)
+        speed = f"{b.median_ms:9.4f} {problem.flops(direction) / b.median_ms * 1e-9:8.1f}" if b else f"{'-':>9} {'-':>8}"
         why = "; ".join(unusable.get((direction, problem.key()), [])) or "(none passed)"
         click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {b.knobs if b else why}")
     return True
