@@ -49,11 +49,11 @@ def gradients(knobs, q, k, v, out, lse, dout, causal, scale, dlse=None):
 def check_cases():
     """(knobs, b, hq, hkv, sq, sk, d, causal, dtype, transposed, with_dlse)."""
     cases = []
-    for values in (dict(), dict(num_buffers=3), dict(block_n=128, warpgroups=2)):
+    for values in (dict(), dict(num_buffers=3), dict(warpgroups=1)):
         for sq, sk in LENGTHS:
             for causal in (False, True):
                 cases.append((BwdKnobs(**values), 2, 4, 2, sq, sk, 128, causal, torch.float16, False, False))
-    for values in (dict(block_m=64), dict(block_m=64, block_n=128, warpgroups=2, num_buffers=3)):
+    for values in (dict(block_m=128), dict(warpgroups=1, num_buffers=3)):
         for sq, sk in LENGTHS[2::2]:
             for causal in (False, True):
                 cases.append((BwdKnobs(**values), 2, 4, 2, sq, sk, 64, causal, torch.float16, False, False))

@@ -17,30 +17,30 @@ TEMPLATE = "gluon/attn_bwd.py.jinja"
 
 def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False):
     """The module's `attn_bwd` compiled for sm_90 (triton's CompiledKernel)."""
-    q, kv = (descriptor(knobs[rows], head_dim, dtype) for rows in ("block_m", "block_n"))
+    q, kv, dkv = (descriptor(rows, head_dim, dtype) for rows in (knobs["block_m"], 64 * knobs["warpgroups"], 64))
     fp32 = MockTensor(_TorchDtype("float32"), [2 * 4 * 1000 * head_dim])
     rows = TensorDescriptor(MockTensor(_TorchDtype("float32"), [8, 1000]), [8, 1000], [1000, 1],
                             [1, knobs["block_m"]], gl.NVMMASharedLayout.get_default_for([1, knobs["block_m"]],
                                                                                          gl.float32))
-    args = (q, kv, kv, q, kv, kv, rows, rows, fp32,  # q, k, v, do, dk, dv; lse, delta, dq
+    args = (q, kv, kv, q, dkv, dkv, rows, rows, fp32,  # q, k, v, do, dk, dv; lse, delta, dq
             0.1, 4 * 1000 * head_dim, 1000 * head_dim, head_dim,  # scale, dq's strides
             4, 2, 1000, 1000)  # heads_q, heads_kv, seqlens
     options = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IS_CAUSAL=causal,
-                   num_warps=4 * knobs["warpgroups"])
+                   num_warps=4)
     return compile_kernel(module.attn_bwd, args, options)
 
 
-DEFAULT = dict(block_m=32, block_n=64, num_buffers=2, warpgroups=1)  # the family's default past head dim 64
-D64 = dict(block_m=64, block_n=128, num_buffers=3, warpgroups=2)  # and to 64
+DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2)  # the family's default past head dim 64
+D64 = dict(block_m=128)  # and to 64
 # (knob changes, head_dim, dtype, causal)
 CASES = [({}, 128, "float16", False),
          ({}, 128, "bfloat16", True),
          ({}, 96, "float16", True),
          (D64, 64, "float16", False),
          (D64, 64, "bfloat16", True),
-         (dict(block_m=64, num_buffers=3), 64, "float16", True),
-         (dict(block_n=128, warpgroups=2), 64, "bfloat16", False),
-         (dict(num_buffers=3), 64, "float16", True)]
+         (dict(num_buffers=3), 128, "float16", True),
+         (dict(warpgroups=1), 64, "bfloat16", False),
+         (dict(warpgroups=1), 32, "float16", True)]
 
 
 def report(cases) -> list[dict]:

@@ -130,10 +130,10 @@ def test_backward_cases_cover_the_defaults():
 @pytest.mark.parametrize("knobs, problem, gpu, reason", [
     (BwdKnobs(), _problem(), KNOWN["a100"], "needs sm_90"),
     (BwdKnobs(), _problem(dtype="float32"), H100, "fp16 or bf16"),
-    (BwdKnobs(), _problem(head_dim=32), H100, "head dims 33..128"),
-    (BwdKnobs(), _problem(head_dim=192), H100, "head dims 33..128"),
-    (BwdKnobs(warpgroups=2), _problem(), H100, "does not split"),
-    (BwdKnobs(block_m=64), _problem(), H100, "registers"),
+    (BwdKnobs(), _problem(head_dim=8), H100, "head dims 16..128"),
+    (BwdKnobs(), _problem(head_dim=192), H100, "head dims 16..128"),
+    (BwdKnobs(), _problem(head_dim=64), H100, "dQ splits over 2 warpgroups"),
+    (BwdKnobs(block_m=128, num_buffers=3), _problem(), H100, "shared memory"),
     (BwdKnobs(), Problem(4096, 32, 8, 128, 128, 128, False, "float16"), H100, "grid's y axis"),
 ])
 def test_backward_violations(knobs, problem, gpu, reason):

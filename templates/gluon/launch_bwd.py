@@ -31,17 +31,18 @@ def _check(q, k, v, out, dout, dq, dk, dv, lse, dlse):
 
 def _descriptor_maker(q, k, block_m, block_n, block_d):
     """`make(q, k, v, dout, dk, dv, lse2, delta)`: TMA descriptors over (batch, heads, seqlen, head_dim) with each
-    tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v, dk, dv: block_n), and over
+    tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v: block_n; dk, dv: 64, one
+    consumer warpgroup's), and over
     lse2 and delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns past head_dim read as 0 and
     are never written."""
     tiles = {rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, block_d], GL_DTYPES[q.dtype])
-             for rows in (block_m, block_n)}
+             for rows in {block_m, block_n, 64}}
     row_layout = gl.NVMMASharedLayout.get_default_for([1, block_m], gl.float32)
 
     def make(q, k, v, dout, dk, dv, lse2, delta):
         return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d], tiles[rows])
-                  for t, rows in ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
-                                  (dv, block_n))),
+                  for t, rows in ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, 64),
+                                  (dv, 64))),
                 *(TensorDescriptor(t, [t.shape[0], q.shape[2]], list(t.stride()), [1, block_m], row_layout)
                   for t in (lse2, delta)))
     return make
@@ -66,7 +67,7 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    descriptors = _descriptor_maker(q, k, knobs["block_m"], knobs["block_n"], block_d)
+    descriptors = _descriptor_maker(q, k, knobs["block_m"], 64 * knobs["warpgroups"], block_d)
     rows = _rows(q)  # (example tensors: each call allocates its own)
     delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, *out.stride()[:3], *dout.stride()[:3],
                   rows.stride(0), heads_q, seqlen_q)
@@ -75,9 +76,8 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     main_args = (*descriptors(q, k, v, dout, dk, dv, rows, rows), dq_sum, softmax_scale, *dq_sum.stride()[:3],
                  heads_q, heads_kv, seqlen_q, seqlen_k)
-    main_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, IS_CAUSAL=bool(causal),
-                        num_warps=4 * knobs["warpgroups"])
-    main_grid = (triton.cdiv(seqlen_k, knobs["block_n"]), batch * heads_kv)
+    main_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4)
+    main_grid = (triton.cdiv(seqlen_k, 64 * knobs["warpgroups"]), batch * heads_kv)
     if compile is None:
         def delta_launch(*tensors):
             kernels._attn_bwd_delta[delta_grid](*tensors, *delta_args[6:], **delta_options)

@@ -10,8 +10,8 @@ from autoflash.problem import Problem
 
 FAMILY_DOC = ("FlashAttention-3's shape in Gluon (templates/gluon), Hopper only: a TMA producer warp and "
               "consumer warpgroups with registers split between them, asynchronous wgmma")
-BWD_DOC = ("a FlashAttention-2/3 backward in Gluon (templates/gluon), Hopper only: TMA rings, asynchronous wgmma, "
-           "dQ by atomics")
+BWD_DOC = ("FlashAttention-3's backward in Gluon (templates/gluon), Hopper only: a TMA producer warp, consumer "
+           "warpgroups of 64 keys, asynchronous wgmma, dQ by atomics")
 MAX_REGISTERS = 65536  # per SM, and one program holds an SM
 MAX_THREAD_REGISTERS = 255
 MBARRIER_BYTES = 1024  # the barriers and the compiler's scratch, rounded up (measured: 368-472 B)
@@ -50,16 +50,15 @@ class FwdKnobs(Knobs):
 
 @dataclass(frozen=True)
 class BwdKnobs(Knobs):
-    """templates/gluon/attn_bwd.py.jinja: a program holds block_n keys (K, V, dK, dV) and streams block_m query
-    rows of every query head that reads them through a ring of Q/dO tiles; its warpgroups own block_n / warpgroups
-    keys each."""
+    """templates/gluon/attn_bwd.py.jinja: a producer warp loads a program's 64 x warpgroups keys (K, V) once and
+    streams block_m query rows of every query head that reads them through a ring of Q/dO tiles; each consumer
+    warpgroup owns 64 of the keys (their dK, dV)."""
     DIRECTION: ClassVar[str] = "bwd"
 
     family: str = family_knob("gluon", BWD_DOC)
-    block_m: int = knob(32, (32, 64), "query rows of one step (the N of S^T = K Q^T's wgmma)")
-    block_n: int = knob(64, (64, 128), "key rows of one program")
+    block_m: int = knob(64, (64, 128), "query rows of one step (the N of S^T = K Q^T's wgmma)")
+    warpgroups: int = knob(2, (1, 2), "consumer warpgroups of a program, 64 keys each")
     num_buffers: int = knob(2, (2, 3), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this one")
-    warpgroups: int = knob(1, (1, 2), "warpgroups of a program, each owning block_n / warpgroups keys")
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
@@ -71,23 +70,23 @@ def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
 
 
 def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
-    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, dS^T. Measured on sm_90 compiles (NOTES
-    G-bwd1): d128, 64 keys, 2 slots of 32 rows: 70168 B (this gives 71168); d64, 128 keys, 3 slots of 64 rows:
-    99880 (100864)."""
-    d, size = head_dim_pad(problem.head_dim), problem.element_size
+    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, two dS^T tiles. Measured on sm_90 compiles
+    (NOTES G-bwd3): d128, 2 warpgroups, 2 slots of 64 rows: 165296 B (this gives 165888); 3 slots 198608
+    (198720); 1 warpgroup, 2 slots: 116044 (116736)."""
+    d, size, block_n = head_dim_pad(problem.head_dim), problem.element_size, 64 * knobs.warpgroups
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
-    return size * (2 * knobs.block_n * d + knobs.block_n * knobs.block_m) + ring + MBARRIER_BYTES
+    return size * (2 * block_n * d + 2 * block_n * knobs.block_m) + ring + MBARRIER_BYTES
 
 
 def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
-    """Registers a backward thread needs: the fp32 dK and dV tiles, S^T (then P^T) and dP^T with P^T kept for
-    dS^T and its half-precision copy, the rows' lse and delta, and ~24 for addresses and loop state. On sm_90
-    compiles (NOTES G-bwd1) every point up to 232 fit 255 registers without spills under triton 3.9 (under 3.6,
-    three d128 points at 224 spill 12-72 B); 296 (d128 in 64-row steps) spilled under both."""
-    threads = 128 * knobs.warpgroups
-    dkdv = 2 * knobs.block_n * head_dim_pad(problem.head_dim) // threads
-    s = knobs.block_n * knobs.block_m // threads
-    return dkdv + 3 * s + s // 2 + knobs.block_m // 2 + 24
+    """Registers a consumer thread needs (its warpgroup owns 64 keys): the fp32 dK and dV tiles, S^T (then
+    P^T) and dP^T at once with P^T's half-precision copy, and ~24 for addresses and loop state (dQ's tile comes
+    when S^T and dP^T are gone). Consumers get 240 (setmaxnreg, beside a 24-register producer warp); on sm_90
+    compiles (NOTES G-bwd3) d128 in 64-row steps (232 by this count) spills a few loop scalars under triton 3.6
+    (156 B), d64 in 128-row steps (248) ~900 B."""
+    dkdv = 2 * 64 * head_dim_pad(problem.head_dim) // 128
+    s = 64 * knobs.block_m // 128
+    return dkdv + 2 * s + s // 2 + 24
 
 
 def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
@@ -145,20 +144,22 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
 
 def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     why = []
-    if not 33 <= problem.head_dim <= 128:
-        why.append(f"the Gluon backward takes head dims 33..128 (dQ^T = K^T dS^T needs 64 or more padded columns; "
-                   f"dK and dV past 128 do not fit the registers), not {problem.head_dim}")
+    if not 16 <= problem.head_dim <= 128:
+        why.append(f"the Gluon backward takes head dims 16..128 (dK and dV past 128 do not fit a consumer's "
+                   f"registers), not {problem.head_dim}")
     if problem.batch * problem.heads_q > MAX_GRID_Y:  # the delta kernel's grid; the main one's is batch x heads_kv
         why.append(f"{problem.batch * problem.heads_q} programs (batch x heads_q) along the grid's y axis, CUDA "
                    f"allows {MAX_GRID_Y}")
-    if knobs.block_n % (64 * knobs.warpgroups):
-        why.append(f"{knobs.warpgroups} warpgroups own 64-key slices each: block_n {knobs.block_n} does not split")
+    d = head_dim_pad(problem.head_dim)
+    if d % (64 * knobs.warpgroups) and knobs.block_m % (64 * knobs.warpgroups):
+        why.append(f"dQ splits over {knobs.warpgroups} warpgroups by 64 head-dim columns or 64 query rows: head dim "
+                   f"{problem.head_dim} (padded {d}) and block_m {knobs.block_m} give neither")
     smem = bwd_shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
     need = bwd_registers(knobs, problem)
     if need > MAX_THREAD_REGISTERS:
-        why.append(f"a thread needs ~{need} registers, it gets at most {MAX_THREAD_REGISTERS}")
+        why.append(f"a consumer thread needs ~{need} registers, a thread has at most {MAX_THREAD_REGISTERS}")
     return why
 
 
@@ -176,14 +177,12 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     claim tiles from a counter (the tiles' work is unequal: G6, +2% geomean over the grid's causal cells against
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
     without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
-    the family cannot run the problem. The backward (not measured yet: the `tl` family, first in
-    autoflash.families.FAMILIES, stays the default backward), the largest points that compiled without register
-    spills under triton 3.6 and 3.9 (NOTES G-bwd1): head dims to 64 in 128-key programs of two warpgroups (dQ's
-    atomics once per 128 keys, as FlashAttention-3's), 64-row steps, three ring slots; larger ones in 64-key
-    programs of one warpgroup (two fit an SM), 32-row steps, two slots."""
+    the family cannot run the problem. The backward (the `tl` family, first in autoflash.families.FAMILIES, stays
+    the default backward until tuned gluon records win): FlashAttention-3's tiles, 128 keys in two consumer
+    warpgroups, 64-row steps past head dim 64 and 128-row ones to it, two ring slots."""
     if direction == "bwd":
         small = head_dim_pad(problem.head_dim) <= 64
-        knobs = BwdKnobs(block_m=64, block_n=128, num_buffers=3, warpgroups=2) if small else BwdKnobs()
+        knobs = BwdKnobs(block_m=128 if small else 64)
         return None if violations(knobs, problem, gpu) else knobs
     d = head_dim_pad(problem.head_dim)
     three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
