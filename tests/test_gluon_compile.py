@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from autoflash import codegen
-from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, default_knobs,
+from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, default_knobs, dq_share,
                                             for_call, shared_memory_bytes, violations)
 from autoflash.gpu import KNOWN
 from autoflash.problem import Problem
@@ -45,11 +45,12 @@ def compiled_bwd():
     return _report(gluon_bwd_sm90)
 
 
-def _assert_fits(row, knobs, problem, shared_estimate):
-    """A compiled variant the knobs allow: shared memory within the estimate and the H100's, no register spills."""
+def _assert_fits(row, knobs, problem, shared_estimate, spill_bytes=0):
+    """A compiled variant the knobs allow: shared memory within the estimate and the H100's, register spills
+    within `spill_bytes`."""
     assert violations(knobs, problem, H100) == []
     assert row["shared"] <= shared_estimate <= H100.shared_memory_per_block
-    assert row["spill_stores"] == row["spill_loads"] == 0, row
+    assert row["spill_stores"] <= spill_bytes and row["spill_loads"] <= spill_bytes, row
 
 
 @pytest.mark.parametrize("index", range(len(gluon_sm90.CASES)))
@@ -116,8 +117,18 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
     knobs = BwdKnobs(**gluon_bwd_sm90.DEFAULT | change)
     problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype)
     row = compiled_bwd[index]
-    _assert_fits(row, knobs, problem, bwd_shared_memory_bytes(knobs, problem))
-    assert row["wgmma"] >= 5, row  # S^T, dP^T, dV, dK, dQ^T: asynchronous wgmma each
+    # At d128 S^T, dP^T, P^T's copy, dK and dV take ~232 of a consumer's 240 registers: a few loop scalars
+    # spill (132 B under triton 3.6; NOTES G-bwd3), reloaded once a step.
+    _assert_fits(row, knobs, problem, bwd_shared_memory_bytes(knobs, problem), spill_bytes=256)
+    assert row["wgmma"] >= 5, row  # S^T, dP^T, dV, dK, dQ: asynchronous wgmma each
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 80, 128])
+@pytest.mark.parametrize("block_m", BwdKnobs.choices()["block_m"])
+@pytest.mark.parametrize("warpgroups", BwdKnobs.choices()["warpgroups"])
+def test_backward_dq_share_is_the_launchers(head_dim, block_m, warpgroups):
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    assert dq_share(block_m, block_d, warpgroups) == launcher("gluon", "bwd")._dq_share(block_m, block_d, warpgroups)
 
 
 def test_backward_cases_cover_the_defaults():
@@ -132,7 +143,7 @@ def test_backward_cases_cover_the_defaults():
     (BwdKnobs(), _problem(dtype="float32"), H100, "fp16 or bf16"),
     (BwdKnobs(), _problem(head_dim=8), H100, "head dims 16..128"),
     (BwdKnobs(), _problem(head_dim=192), H100, "head dims 16..128"),
-    (BwdKnobs(), _problem(head_dim=64), H100, "dQ splits over 2 warpgroups"),
+    (BwdKnobs(block_m=128), _problem(head_dim=64), H100, "registers"),
     (BwdKnobs(block_m=128, num_buffers=3), _problem(), H100, "shared memory"),
     (BwdKnobs(), Problem(4096, 32, 8, 128, 128, 128, False, "float16"), H100, "grid's y axis"),
 ])

@@ -29,20 +29,35 @@ def _check(q, k, v, out, dout, dq, dk, dv, lse, dlse):
                              f"{tuple(t.shape)}")
 
 
-def _descriptor_maker(q, k, block_m, block_n, block_d):
-    """`make(q, k, v, dout, dk, dv, lse2, delta)`: TMA descriptors over (batch, heads, seqlen, head_dim) with each
-    tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v: block_n; dk, dv: 64, one
-    consumer warpgroup's), and over
-    lse2 and delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns past head_dim read as 0 and
-    are never written."""
+def _dq_share(block_m, block_d, warpgroups):
+    """(rows, columns) of dQ's (block_m, block_d) tile that each consumer warpgroup adds: 64-column slices (from
+    every key of the block) where the head dim has one a warpgroup, else 64-row slices where the step has them
+    (wgmma operands start at whole 128-byte swizzle rows), else all of it from the warpgroup's own keys (twice
+    the TMA reduce-adds, no wait for the other warpgroup's dS)."""
+    if block_d % (64 * warpgroups) == 0:
+        return block_m, block_d // warpgroups
+    if block_m % (64 * warpgroups) == 0:
+        return block_m // warpgroups, block_d
+    return block_m, block_d
+
+
+def _descriptor_maker(q, block_m, block_n, block_d, warpgroups):
+    """`make(q, k, v, dout, dk, dv, dq_sum, lse2, delta)`: TMA descriptors over (batch, heads, seqlen, head_dim)
+    with each tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v: block_n; dk, dv: 64,
+    one consumer warpgroup's), over the fp32 dq_sum in blocks of a warpgroup's share of dQ, and over lse2 and
+    delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns past head_dim read as 0 and are never
+    written."""
     tiles = {rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, block_d], GL_DTYPES[q.dtype])
              for rows in {block_m, block_n, 64}}
+    dq_block = [1, 1, *_dq_share(block_m, block_d, warpgroups)]
+    dq_layout = gl.NVMMASharedLayout.get_default_for(dq_block, gl.float32)
     row_layout = gl.NVMMASharedLayout.get_default_for([1, block_m], gl.float32)
 
-    def make(q, k, v, dout, dk, dv, lse2, delta):
+    def make(q, k, v, dout, dk, dv, dq_sum, lse2, delta):
         return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d], tiles[rows])
                   for t, rows in ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, 64),
                                   (dv, 64))),
+                TensorDescriptor(dq_sum, list(dq_sum.shape), list(dq_sum.stride()), dq_block, dq_layout),
                 *(TensorDescriptor(t, [t.shape[0], q.shape[2]], list(t.stride()), [1, block_m], row_layout)
                   for t in (lse2, delta)))
     return make
@@ -67,16 +82,16 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    descriptors = _descriptor_maker(q, k, knobs["block_m"], 64 * knobs["warpgroups"], block_d)
+    descriptors = _descriptor_maker(q, knobs["block_m"], 64 * knobs["warpgroups"], block_d, knobs["warpgroups"])
     rows = _rows(q)  # (example tensors: each call allocates its own)
     delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, *out.stride()[:3], *dout.stride()[:3],
                   rows.stride(0), heads_q, seqlen_q)
     delta_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, ROWS=DELTA_ROWS)
     delta_grid = (triton.cdiv(seqlen_q, DELTA_ROWS), batch * heads_q)
     dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    main_args = (*descriptors(q, k, v, dout, dk, dv, rows, rows), dq_sum, softmax_scale, *dq_sum.stride()[:3],
-                 heads_q, heads_kv, seqlen_q, seqlen_k)
-    main_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4)
+    main_args = (*descriptors(q, k, v, dout, dk, dv, dq_sum, rows, rows), softmax_scale, heads_q, heads_kv, seqlen_q,
+                 seqlen_k)
+    main_options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4)
     main_grid = (triton.cdiv(seqlen_k, 64 * knobs["warpgroups"]), batch * heads_kv)
     if compile is None:
         def delta_launch(*tensors):
@@ -92,6 +107,6 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
         lse2, delta = _rows(q), _rows(q)
         delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta)
         dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        main_launch(*descriptors(q, k, v, dout, dk, dv, lse2, delta), dq_sum)
+        main_launch(*descriptors(q, k, v, dout, dk, dv, dq_sum, lse2, delta))
         dq.copy_(dq_sum)
     return backward

@@ -14,6 +14,7 @@ BWD_DOC = ("FlashAttention-3's backward in Gluon (templates/gluon), Hopper only:
            "warpgroups of 64 keys, asynchronous wgmma, dQ by atomics")
 MAX_REGISTERS = 65536  # per SM, and one program holds an SM
 MAX_THREAD_REGISTERS = 255
+BWD_CONSUMER_REGISTERS = 240  # setmaxnreg of the backward's consumer warpgroups (templates/gluon/attn_bwd.py.jinja)
 MBARRIER_BYTES = 1024  # the barriers and the compiler's scratch, rounded up (measured: 368-472 B)
 
 
@@ -69,13 +70,26 @@ def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
     return size * (q_tiles + knobs.num_buffers * 2 * knobs.block_n * d) + MBARRIER_BYTES
 
 
+def dq_share(block_m: int, block_d: int, warpgroups: int) -> tuple[int, int]:
+    """(rows, columns) of dQ's (block_m, block_d) tile each backward consumer adds by TMA: 64-column slices where
+    the head dim has one a warpgroup, else 64-row slices, else all of it from its own keys (the launcher's
+    `_dq_share`, which needs no autoflash: a test holds them equal)."""
+    if block_d % (64 * warpgroups) == 0:
+        return block_m, block_d // warpgroups
+    if block_m % (64 * warpgroups) == 0:
+        return block_m // warpgroups, block_d
+    return block_m, block_d
+
+
 def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
-    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, two dS^T tiles. Measured on sm_90 compiles
-    (NOTES G-bwd3): d128, 2 warpgroups, 2 slots of 64 rows: 165296 B (this gives 165888); 3 slots 198608
-    (198720); 1 warpgroup, 2 slots: 116044 (116736)."""
+    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, two dS^T tiles, each consumer's fp32 share of dQ.
+    Measured on sm_90 compiles (NOTES G-bwd3): d128, 2 warpgroups, 2 slots of 64 rows: 198080 B (this gives
+    198656); d64: 132512 (133120)."""
     d, size, block_n = head_dim_pad(problem.head_dim), problem.element_size, 64 * knobs.warpgroups
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
-    return size * (2 * block_n * d + 2 * block_n * knobs.block_m) + ring + MBARRIER_BYTES
+    rows, cols = dq_share(knobs.block_m, d, knobs.warpgroups)
+    return (size * (2 * block_n * d + 2 * block_n * knobs.block_m) + ring + 4 * knobs.warpgroups * rows * cols
+            + MBARRIER_BYTES)
 
 
 def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
@@ -83,7 +97,7 @@ def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
     P^T) and dP^T at once with P^T's half-precision copy, and ~24 for addresses and loop state (dQ's tile comes
     when S^T and dP^T are gone). Consumers get 240 (setmaxnreg, beside a 24-register producer warp); on sm_90
     compiles (NOTES G-bwd3) d128 in 64-row steps (232 by this count) spills a few loop scalars under triton 3.6
-    (156 B), d64 in 128-row steps (248) ~900 B."""
+    (132 B), d64 in 128-row steps (248) ~850 B."""
     dkdv = 2 * 64 * head_dim_pad(problem.head_dim) // 128
     s = 64 * knobs.block_m // 128
     return dkdv + 2 * s + s // 2 + 24
@@ -150,16 +164,12 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     if problem.batch * problem.heads_q > MAX_GRID_Y:  # the delta kernel's grid; the main one's is batch x heads_kv
         why.append(f"{problem.batch * problem.heads_q} programs (batch x heads_q) along the grid's y axis, CUDA "
                    f"allows {MAX_GRID_Y}")
-    d = head_dim_pad(problem.head_dim)
-    if d % (64 * knobs.warpgroups) and knobs.block_m % (64 * knobs.warpgroups):
-        why.append(f"dQ splits over {knobs.warpgroups} warpgroups by 64 head-dim columns or 64 query rows: head dim "
-                   f"{problem.head_dim} (padded {d}) and block_m {knobs.block_m} give neither")
     smem = bwd_shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
     need = bwd_registers(knobs, problem)
-    if need > MAX_THREAD_REGISTERS:
-        why.append(f"a consumer thread needs ~{need} registers, a thread has at most {MAX_THREAD_REGISTERS}")
+    if need > BWD_CONSUMER_REGISTERS:
+        why.append(f"a consumer thread needs ~{need} registers, it gets {BWD_CONSUMER_REGISTERS}")
     return why
 
 
@@ -178,11 +188,10 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
     without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
     the family cannot run the problem. The backward (the `tl` family, first in autoflash.families.FAMILIES, stays
-    the default backward until tuned gluon records win): FlashAttention-3's tiles, 128 keys in two consumer
-    warpgroups, 64-row steps past head dim 64 and 128-row ones to it, two ring slots."""
+    the default backward until tuned gluon records win): 128 keys in two consumer warpgroups, 64-row steps, two
+    ring slots (NOTES G-bwd3)."""
     if direction == "bwd":
-        small = head_dim_pad(problem.head_dim) <= 64
-        knobs = BwdKnobs(block_m=128 if small else 64)
+        knobs = BwdKnobs()
         return None if violations(knobs, problem, gpu) else knobs
     d = head_dim_pad(problem.head_dim)
     three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
