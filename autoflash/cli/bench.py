@@ -11,6 +11,11 @@ import click
 from autoflash.cli.common import mode_option, problems_of, require_extra
 
 
+def row_json(row: dict, problem, context: dict) -> str:
+    """One JSON line of `--out`: the row, its problem's fields (sets as sorted lists) and the run's context."""
+    return json.dumps(dict(row, problem=problem.__dict__, **context), default=sorted)
+
+
 @click.command()
 @click.option("--shapes", "shapes_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="problems file (YAML; see examples/shapes.yaml)")
@@ -53,8 +58,7 @@ def bench(shapes_file, plot_path, out_path, mode):
                                                            for v in speeds.values()) + f"   {ratio}  {why[13:]}")
             if out_path:
                 with open(out_path, "a") as f:
-                    for row in rows:
-                        f.write(json.dumps(dict(row, problem=problem.__dict__, **context)) + "\n")
+                    f.writelines(row_json(row, problem, context) + "\n" for row in rows)
         if plot_path:
             path = plot_path if mode != "both" else plot_path.replace(".png", f"_{direction}.png")
             plot(results, path, direction)

@@ -2,6 +2,7 @@
 `bench --plot` without matplotlib names the extra to install before timing anything, refused `tune` runs create
 no database, and TRITON_INTERPRET set after `import autoflash` is one clear error."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from autoflash.cli import main
+from autoflash.cli.bench import row_json
 from autoflash.dispatch import shipped_urls
+from autoflash.problem import Problem
 
 SHAPES = "problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 16, head_dim: 16}\n"
 
@@ -96,3 +99,12 @@ def test_triton_interpret_set_after_import_is_one_clear_error():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("TRITON_INTERPRET=1 was set after Triton was imported"), done.stdout
     assert "before any import of autoflash or triton" in done.stdout and done.stdout.count("\n") == 1
+
+
+def test_bench_rows_of_problems_with_variants_are_json():
+    """`bench --out` wrote nothing on a GPU: a problem's variants are a frozenset (empty for plain problems),
+    which json refused."""
+    problem = Problem(1, 4, 4, 128, 128, 64, True, "float16").with_variants(window_size=(64, 0))
+    line = json.loads(row_json({"backend": "autoflash", "ms": 1.0}, problem, {"gpu": "test"}))
+    assert line["problem"]["variants"] == [] and line["problem"]["window"] == list(problem.window)
+    assert line["backend"] == "autoflash" and line["gpu"] == "test"
