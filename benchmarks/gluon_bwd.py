@@ -36,6 +36,9 @@ from autoflash.tune.timing import backward_ms, median_ms  # noqa: E402
 from gluon_fwd import fa_grid  # noqa: E402  (the forward's grid: NOTES G2, 40)
 from helpers import make_qkv  # noqa: E402
 
+# Head dims past 128 (odd_shapes.yaml's d256 cells, 16k-32k tokens): (batch, heads, seqlen, head_dim, causal, dtype).
+WIDE = [(b, h, s, d, causal, dtype) for b, h, s in ((4, 8, 4096), (1, 16, 16384)) for d in (160, 192, 256)
+        for causal in (False, True) for dtype in (torch.float16, torch.bfloat16)]
 LENGTHS = ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097))
 
 
@@ -57,7 +60,7 @@ def check_cases():
         for sq, sk in LENGTHS[2::2]:
             for causal in (False, True):
                 cases.append((BwdKnobs(**values), 2, 4, 2, sq, sk, 64, causal, torch.float16, False, False))
-    for d in (40, 64, 80, 96, 128):
+    for d in (40, 64, 80, 96, 128, 192, 256):
         for causal in (False, True):
             for dtype, (b, hq, hkv, sq, sk) in ((torch.float16, (2, 8, 2, 1000, 1000)),
                                                 (torch.bfloat16, (1, 4, 1, 123, 4097))):
@@ -161,14 +164,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
-    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "short"])
+    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "short", "wide"])
     parser.add_argument("--variants", default='["default"]')
     parser.add_argument("--out", default="gluon_bwd_bench.jsonl")
     args = parser.parse_args()
     failures = check(check_cases()[::args.every]) if args.check else 0
     if args.bench:
         problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
-                    "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048]}[args.bench]
+                    "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048],
+                    "wide": WIDE}[args.bench]
         bench(problems, json.loads(args.variants), args.out, " ".join(sys.argv))
     print(f"{failures} failures")
     sys.exit(1 if failures else 0)

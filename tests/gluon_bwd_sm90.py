@@ -28,8 +28,11 @@ def _launcher():
 def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False):
     """The module's `attn_bwd` compiled for sm_90 (triton's CompiledKernel)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
-    q, kv, dkv = (descriptor(rows, head_dim, dtype) for rows in (knobs["block_m"], 64 * knobs["warpgroups"], 64))
-    dq_block = [1, 1, *_launcher()._dq_share(knobs["block_m"], block_d, knobs["warpgroups"])]
+    launch = _launcher()
+    q, kv = (descriptor(rows, head_dim, dtype) for rows in (knobs["block_m"],
+                                                             launch._block_n(block_d, knobs["warpgroups"])))
+    dkv = descriptor(64, head_dim, dtype, columns=launch._dkv_columns(block_d, knobs["warpgroups"]))
+    dq_block = [1, 1, *launch._dq_share(knobs["block_m"], block_d, knobs["warpgroups"])]
     shape = [2, 4, 1000, head_dim]
     dq = TensorDescriptor(MockTensor(_TorchDtype("float32"), shape), shape,
                           [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1], dq_block,
@@ -45,7 +48,8 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
 
 DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2)  # the family's default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
-# each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup)
+# each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
+# same keys with dK's and dV's columns split (32-row steps, dQ^T)
 CASES = [({}, 128, "float16", False),
          ({}, 128, "bfloat16", True),
          ({}, 96, "float16", True),
@@ -53,7 +57,9 @@ CASES = [({}, 128, "float16", False),
          ({}, 32, "bfloat16", True),
          (dict(block_m=128), 32, "bfloat16", True),
          (dict(num_buffers=3), 128, "float16", True),
-         (dict(warpgroups=1), 128, "bfloat16", False)]
+         (dict(warpgroups=1), 128, "bfloat16", False),
+         (dict(block_m=32), 256, "float16", True),
+         (dict(block_m=32), 192, "bfloat16", False)]
 
 
 def report(cases) -> list[dict]:

@@ -80,9 +80,10 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
     return compile_kernel(module.attn_fwd, args, options)
 
 
-def descriptor(rows: int, head_dim: int, dtype: str):
-    """A TMA descriptor of blocks (1, 1, rows, head_dim padded) over a mock (2, 4, 1000, head_dim) tensor."""
-    block_d = max(16, triton.next_power_of_2(head_dim))
+def descriptor(rows: int, head_dim: int, dtype: str, columns: int | None = None):
+    """A TMA descriptor of blocks (1, 1, rows, columns: head_dim padded unless given) over a mock (2, 4, 1000,
+    head_dim) tensor."""
+    block_d = columns or max(16, triton.next_power_of_2(head_dim))
     shape, strides = [2, 4, 1000, head_dim], [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1]
     block = [1, 1, rows, block_d]
     layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))

@@ -1,5 +1,5 @@
 """The Gluon backward on the GPU against the fp64 reference gradients (dq, dk, dv poisoned with NaN before each
-call): every knob point, ragged and unequal sequence lengths, causal and full, GQA and MQA, head dims 32..128, fp16
+call): every knob point, ragged and unequal sequence lengths, causal and full, GQA and MQA, head dims 32..256, fp16
 and bf16, (B,S,H,D) views, the gradient of a returned lse, a plan run again. Launched through the family's launcher
 (codegen renders it; no dispatcher: the family is no backward's default yet)."""
 
@@ -24,8 +24,9 @@ LENGTHS = [(1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), 
 
 
 def _largest_head_dim(knobs):
-    """Of 32, 64 and 128, the largest head dim `knobs` runs (128-row steps hold dK and dV of 32 columns)."""
-    return max((d for d in (32, 64, 128) if not violations(knobs, Problem(2, 4, 2, 1000, 1000, d, False, "float16"), H100)),
+    """Of 32, 64, 128 and 256, the largest head dim `knobs` runs (128-row steps hold dK and dV of 32 columns,
+    32-row steps are for head dims past 128)."""
+    return max((d for d in (32, 64, 128, 256) if not violations(knobs, Problem(2, 4, 2, 1000, 1000, d, False, "float16"), H100)),
                default=None)
 
 
@@ -42,7 +43,7 @@ def test_variants(knobs, head_dim, seqlen_q, seqlen_k, causal):
     assert run_variant(knobs, shape, torch.float16, "cuda", causal, transposed=seqlen_q == 123, seed=seqlen_k)
 
 
-@pytest.mark.parametrize("head_dim", [32, 40, 64, 80, 96, 128])
+@pytest.mark.parametrize("head_dim", [32, 40, 64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads_q, heads_kv", [(8, 2), (4, 1), (3, 3)])

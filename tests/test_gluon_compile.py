@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from autoflash import codegen
-from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, default_knobs, dq_share,
+from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, bwd_tiles, default_knobs,
                                             for_call, shared_memory_bytes, violations)
 from autoflash.gpu import KNOWN
 from autoflash.problem import Problem
@@ -123,12 +123,14 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
     assert row["wgmma"] >= 5, row  # S^T, dP^T, dV, dK, dQ: asynchronous wgmma each
 
 
-@pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 80, 128])
+@pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 80, 128, 192, 256])
 @pytest.mark.parametrize("block_m", BwdKnobs.choices()["block_m"])
 @pytest.mark.parametrize("warpgroups", BwdKnobs.choices()["warpgroups"])
-def test_backward_dq_share_is_the_launchers(head_dim, block_m, warpgroups):
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
-    assert dq_share(block_m, block_d, warpgroups) == launcher("gluon", "bwd")._dq_share(block_m, block_d, warpgroups)
+def test_backward_tiles_are_the_launchers(head_dim, block_m, warpgroups):
+    block_d, launch = max(16, 1 << (head_dim - 1).bit_length()), launcher("gluon", "bwd")
+    assert bwd_tiles(BwdKnobs(block_m=block_m, warpgroups=warpgroups), head_dim) == (
+        launch._block_n(block_d, warpgroups), launch._dkv_columns(block_d, warpgroups),
+        *launch._dq_share(block_m, block_d, warpgroups))
 
 
 def test_backward_cases_cover_the_defaults():
@@ -141,8 +143,11 @@ def test_backward_cases_cover_the_defaults():
 @pytest.mark.parametrize("knobs, problem, gpu, reason", [
     (BwdKnobs(), _problem(), KNOWN["a100"], "needs sm_90"),
     (BwdKnobs(), _problem(dtype="float32"), H100, "fp16 or bf16"),
-    (BwdKnobs(), _problem(head_dim=8), H100, "head dims 16..128"),
-    (BwdKnobs(), _problem(head_dim=192), H100, "head dims 16..128"),
+    (BwdKnobs(), _problem(head_dim=8), H100, "head dims 16..256"),
+    (BwdKnobs(), _problem(head_dim=320), H100, "head dims 16..256"),
+    (BwdKnobs(), _problem(head_dim=256), H100, "shared memory"),
+    (BwdKnobs(block_m=32), _problem(head_dim=128), H100, "32-row steps"),
+    (BwdKnobs(block_m=32, warpgroups=1), _problem(head_dim=256), H100, "registers"),
     (BwdKnobs(block_m=128), _problem(head_dim=64), H100, "registers"),
     (BwdKnobs(block_m=128, num_buffers=3), _problem(), H100, "shared memory"),
     (BwdKnobs(), Problem(4096, 32, 8, 128, 128, 128, False, "float16"), H100, "grid's y axis"),
@@ -151,7 +156,7 @@ def test_backward_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
 
 
-@pytest.mark.parametrize("head_dim", [40, 64, 80, 96, 128])
+@pytest.mark.parametrize("head_dim", [40, 64, 80, 96, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_backward_default_is_valid(head_dim, causal, dtype):
@@ -160,7 +165,7 @@ def test_backward_default_is_valid(head_dim, causal, dtype):
         knobs = default_knobs(problem, H100, "bwd")
         assert isinstance(knobs, BwdKnobs) and violations(knobs, problem, H100) == []
     assert default_knobs(_problem(head_dim), KNOWN["a100"], "bwd") is None
-    assert default_knobs(_problem(256), H100, "bwd") is None  # the tl family's
+    assert default_knobs(_problem(320), H100, "bwd") is None  # the tl family's
 
 
 def test_backward_refuses_deterministic_calls():

@@ -41,25 +41,41 @@ def _dq_share(block_m, block_d, warpgroups):
     return block_m, block_d
 
 
-def _descriptor_maker(q, block_m, block_n, block_d, warpgroups):
+def _block_n(block_d, warpgroups):
+    """Keys of one program: 64 a consumer warpgroup, or 64 in all where they split dK's and dV's columns."""
+    return 64 * warpgroups if block_d <= 128 else 64
+
+
+def _dkv_columns(block_d, warpgroups):
+    """Columns of dK and dV each consumer warpgroup owns: all of them for its own 64 keys up to head dim 128;
+    past it (dK and dV of 64 keys do not fit a warpgroup's registers) the warpgroups share the program's 64 keys
+    and split the columns."""
+    return block_d if block_d <= 128 else block_d // warpgroups
+
+
+def _layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block, dtype)
+
+
+def _descriptor_maker(q, block_m, block_d, warpgroups):
     """`make(q, k, v, dout, dk, dv, dq_sum, lse2, delta)`: TMA descriptors over (batch, heads, seqlen, head_dim)
-    with each tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v: block_n; dk, dv: 64,
-    one consumer warpgroup's), over the fp32 dq_sum in blocks of a warpgroup's share of dQ, and over lse2 and
-    delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns past head_dim read as 0 and are never
-    written."""
-    tiles = {rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, block_d], GL_DTYPES[q.dtype])
-             for rows in {block_m, block_n, 64}}
+    with each tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v: the program's keys,
+    `_block_n`), dk and dv in a warpgroup's blocks (1, 1, 64, `_dkv_columns`), the fp32 dq_sum in blocks of a
+    warpgroup's share of dQ, and lse2 and delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns
+    past head_dim read as 0 and are never written."""
+    dkv = _dkv_columns(block_d, warpgroups)
+    blocks = {name: [1, 1, rows, cols] for name, rows, cols in (
+        ("q", block_m, block_d), ("k", _block_n(block_d, warpgroups), block_d), ("dk", 64, dkv))}
     dq_block = [1, 1, *_dq_share(block_m, block_d, warpgroups)]
-    dq_layout = gl.NVMMASharedLayout.get_default_for(dq_block, gl.float32)
-    row_layout = gl.NVMMASharedLayout.get_default_for([1, block_m], gl.float32)
+    dtype = GL_DTYPES[q.dtype]
 
     def make(q, k, v, dout, dk, dv, dq_sum, lse2, delta):
-        return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d], tiles[rows])
-                  for t, rows in ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, 64),
-                                  (dv, 64))),
-                TensorDescriptor(dq_sum, list(dq_sum.shape), list(dq_sum.stride()), dq_block, dq_layout),
-                *(TensorDescriptor(t, [t.shape[0], q.shape[2]], list(t.stride()), [1, block_m], row_layout)
-                  for t in (lse2, delta)))
+        return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], _layout(blocks[name], dtype))
+                  for t, name in ((q, "q"), (k, "k"), (v, "k"), (dout, "q"), (dk, "dk"), (dv, "dk"))),
+                TensorDescriptor(dq_sum, list(dq_sum.shape), list(dq_sum.stride()), dq_block,
+                                 _layout(dq_block, gl.float32)),
+                *(TensorDescriptor(t, [t.shape[0], q.shape[2]], list(t.stride()), [1, block_m],
+                                   _layout([1, block_m], gl.float32)) for t in (lse2, delta)))
     return make
 
 
@@ -82,7 +98,7 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    descriptors = _descriptor_maker(q, knobs["block_m"], 64 * knobs["warpgroups"], block_d, knobs["warpgroups"])
+    descriptors = _descriptor_maker(q, knobs["block_m"], block_d, knobs["warpgroups"])
     rows = _rows(q)  # (example tensors: each call allocates its own)
     delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, *out.stride()[:3], *dout.stride()[:3],
                   rows.stride(0), heads_q, seqlen_q)
@@ -92,7 +108,7 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     main_args = (*descriptors(q, k, v, dout, dk, dv, dq_sum, rows, rows), softmax_scale, heads_q, heads_kv, seqlen_q,
                  seqlen_k)
     main_options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4)
-    main_grid = (triton.cdiv(seqlen_k, 64 * knobs["warpgroups"]), batch * heads_kv)
+    main_grid = (triton.cdiv(seqlen_k, _block_n(block_d, knobs["warpgroups"])), batch * heads_kv)
     if compile is None:
         def delta_launch(*tensors):
             kernels._attn_bwd_delta[delta_grid](*tensors, *delta_args[6:], **delta_options)

@@ -57,8 +57,9 @@ class BwdKnobs(Knobs):
     DIRECTION: ClassVar[str] = "bwd"
 
     family: str = family_knob("gluon", BWD_DOC)
-    block_m: int = knob(64, (64, 128), "query rows of one step (the N of S^T = K Q^T's wgmma)")
-    warpgroups: int = knob(2, (1, 2), "consumer warpgroups of a program, 64 keys each")
+    block_m: int = knob(64, (32, 64, 128), "query rows of one step (the N of S^T = K Q^T's wgmma)")
+    warpgroups: int = knob(2, (1, 2), "consumer warpgroups of a program, 64 keys each (past head dim 128: the "
+                                      "program's 64 keys, half of dK's and dV's columns each)")
     num_buffers: int = knob(2, (2, 3), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this one")
 
 
@@ -70,26 +71,32 @@ def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
     return size * (q_tiles + knobs.num_buffers * 2 * knobs.block_n * d) + MBARRIER_BYTES
 
 
-def dq_share(block_m: int, block_d: int, warpgroups: int) -> tuple[int, int]:
-    """(rows, columns) of dQ's (block_m, block_d) tile each backward consumer adds by TMA: 64-column slices where
-    the head dim has one a warpgroup, else 64-row slices, else all of it from its own keys (the launcher's
-    `_dq_share`, which needs no autoflash: a test holds them equal)."""
-    if block_d % (64 * warpgroups) == 0:
-        return block_m, block_d // warpgroups
-    if block_m % (64 * warpgroups) == 0:
-        return block_m // warpgroups, block_d
-    return block_m, block_d
+def bwd_tiles(knobs: BwdKnobs, head_dim: int) -> tuple[int, int, int, int]:
+    """(keys of a program, dK/dV columns of a consumer, rows and columns of the share of dQ each consumer adds by
+    TMA) for `head_dim`: 64 keys a consumer warpgroup with all their dK/dV columns up to head dim 128, past it the
+    program's 64 keys with the columns split; dQ in 64-column slices where the head dim has one a warpgroup, else
+    64-row slices, else all of it from the warpgroup's own dS^T. The launcher's `_block_n`, `_dkv_columns` and
+    `_dq_share` (which need no autoflash: a test holds them equal)."""
+    d, wg, m = head_dim_pad(head_dim), knobs.warpgroups, knobs.block_m
+    block_n, dkv = (64 * wg, d) if d <= 128 else (64, d // wg)
+    if d % (64 * wg) == 0:
+        dq = (m, d // wg)
+    elif m % (64 * wg) == 0:
+        dq = (m // wg, d)
+    else:
+        dq = (m, d)
+    return block_n, dkv, *dq
 
 
 def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
-    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, two dS^T tiles, each consumer's fp32 share of dQ.
-    Measured on sm_90 compiles (NOTES G-bwd3): d128, 2 warpgroups, 2 slots of 64 rows: 198080 B (this gives
-    198656); d64: 132512 (133120)."""
-    d, size, block_n = head_dim_pad(problem.head_dim), problem.element_size, 64 * knobs.warpgroups
+    """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, two dS^T tiles of each consumer's keys, each
+    consumer's fp32 share of dQ. Measured on sm_90 compiles (NOTES G-bwd3, G-bwd6): d128, 2 warpgroups, 2 slots
+    of 64 rows: 198080 B (this gives 198656); d64: 132512 (133120); d256 in 32-row steps: 181184 (182272)."""
+    d, size = head_dim_pad(problem.head_dim), problem.element_size
+    block_n, _, dq_rows, dq_cols = bwd_tiles(knobs, problem.head_dim)
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
-    rows, cols = dq_share(knobs.block_m, d, knobs.warpgroups)
-    return (size * (2 * block_n * d + 2 * block_n * knobs.block_m) + ring + 4 * knobs.warpgroups * rows * cols
-            + MBARRIER_BYTES)
+    ds = 2 * 64 * knobs.warpgroups * knobs.block_m * size
+    return 2 * block_n * d * size + ring + ds + 4 * knobs.warpgroups * dq_rows * dq_cols + MBARRIER_BYTES
 
 
 def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
@@ -98,7 +105,7 @@ def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
     when S^T and dP^T are gone). Consumers get 240 (setmaxnreg, beside a 24-register producer warp); on sm_90
     compiles (NOTES G-bwd3) d128 in 64-row steps (232 by this count) spills a few loop scalars under triton 3.6
     (132 B), d64 in 128-row steps (248) ~850 B."""
-    dkdv = 2 * 64 * head_dim_pad(problem.head_dim) // 128
+    dkdv = 2 * 64 * bwd_tiles(knobs, problem.head_dim)[1] // 128
     s = 64 * knobs.block_m // 128
     return dkdv + 2 * s + s // 2 + 24
 
@@ -158,9 +165,11 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
 
 def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     why = []
-    if not 16 <= problem.head_dim <= 128:
-        why.append(f"the Gluon backward takes head dims 16..128 (dK and dV past 128 do not fit a consumer's "
-                   f"registers), not {problem.head_dim}")
+    if not 16 <= problem.head_dim <= 256:
+        why.append(f"the Gluon backward takes head dims 16..256, not {problem.head_dim}")
+    if knobs.block_m < 64 and head_dim_pad(problem.head_dim) <= 128:
+        why.append("32-row steps are for head dims past 128 (dQ's wgmma needs 64 rows where the warpgroups "
+                   "hold different keys)")
     if problem.batch * problem.heads_q > MAX_GRID_Y:  # the delta kernel's grid; the main one's is batch x heads_kv
         why.append(f"{problem.batch * problem.heads_q} programs (batch x heads_q) along the grid's y axis, CUDA "
                    f"allows {MAX_GRID_Y}")
@@ -188,10 +197,10 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
     without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
     the family cannot run the problem. The backward (the `tl` family, first in autoflash.families.FAMILIES, stays
-    the default backward until tuned gluon records win): 128 keys in two consumer warpgroups, 64-row steps, two
-    ring slots (NOTES G-bwd3)."""
+    the default backward until tuned gluon records win): two consumer warpgroups, 64-row steps (32 past head dim
+    128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6)."""
     if direction == "bwd":
-        knobs = BwdKnobs()
+        knobs = BwdKnobs(block_m=64 if head_dim_pad(problem.head_dim) <= 128 else 32)
         return None if violations(knobs, problem, gpu) else knobs
     d = head_dim_pad(problem.head_dim)
     three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
