@@ -10,6 +10,7 @@ crashed or timeout; the run goes on.
 import multiprocessing
 import os
 import time
+from dataclasses import replace
 from multiprocessing.connection import wait
 
 import torch
@@ -18,7 +19,7 @@ from autoflash.families import knobs_from_json
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.tune.packed import PackedBench
-from autoflash.tune.trial import Bench, Outcome
+from autoflash.tune.trial import Bench, Outcome, classify
 
 DEFAULT_LOADER = "autoflash.codegen:load"
 _STARTUP_TIMEOUT = 600.0  # importing torch and building a problem's inputs and reference
@@ -29,17 +30,29 @@ def _serve(conn, role: str, loader: str, interpret: bool):
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     device = torch.device("cuda" if torch.cuda.is_available() and not interpret else "cpu")
-    bench = None
+    bench, built, unbuilt = None, None, None  # the latest problem's Bench, its (problem, direction), or why not
     conn.send("ready")
     while True:
         request = conn.recv()
         if request is None:
             return
         kind, problem, direction, knobs_json = request
-        if bench is None or (bench.problem, bench.direction) != (problem, direction):
-            bench = None  # free the last problem's tensors first
+        if (problem, direction) != built:
+            bench, built = None, (problem, direction)  # free the last problem's tensors first
             bench_class = PackedBench if "VARLEN" in problem.variants else Bench
-            bench = bench_class(problem, direction, device, loader, measure=role == "measure")
+            try:
+                bench, unbuilt = bench_class(problem, direction, device, loader, measure=role == "measure"), None
+            except Exception as e:  # e.g. its fp64 reference does not fit the device: every trial says so
+                unbuilt = classify(e)
+                unbuilt = replace(unbuilt, error=f"building the problem's inputs and fp64 reference failed: "
+                                                 f"{unbuilt.error}")
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        if bench is None:
+            conn.send(unbuilt.error if kind == "sdpa" else unbuilt)
+            if unbuilt.fatal:
+                return
+            continue
         if kind == "sdpa":
             try:
                 conn.send(bench.sdpa_ms())
@@ -127,10 +140,12 @@ class Runner:
         """torch SDPA on `problem` (its forward, or its backward alone), timed by the measuring worker;
         None where it cannot run."""
         self.measurer.send(("sdpa", problem, direction, None), self.timeout)
-        if not self.measurer.conn.poll(self.timeout):
+        try:
+            answer = self.measurer.conn.recv() if self.measurer.conn.poll(self.timeout) else None
+        except (EOFError, OSError):  # the worker died under it
+            answer = None
+        if answer is None:
             self.measurer.restart()
-            return None
-        answer = self.measurer.conn.recv()
         return answer if isinstance(answer, float) else None
 
     def _map(self, workers: list[_Worker], problem: Problem, variants: list[Knobs], on_outcome
