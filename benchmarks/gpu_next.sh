@@ -16,6 +16,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-knobs $OUT  # tl backward points without spills (NOTES 54)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-tma $OUT # packed sequences through descriptors (NOTES 55)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
+#                                                                       (after landing branch gbwd-host: NOTES G-bwd8)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -129,6 +131,21 @@ bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): 
         {"family": "tl", "block_m": 16, "block_n": 128, "num_warps": 8, "num_stages": 4, "causal_split": false}]' \
         --out "$out/${day}_h100_tl_bwd_knobs.jsonl" > "$out/${day}_h100_tl_bwd_knobs.log" 2>&1
     echo "tl bwd knobs rc $?"; tail -n 50 "$out/${day}_h100_tl_bwd_knobs.log"
+    ;;
+bwd-all)  # every shipped backward file retuned on the current templates (a gluon backward template or launcher
+          # change makes its records stale: NOTES G-bwd7, G-bwd8), merged, then the three benches of issue 15
+    db=/tmp/retune_bwd_all.db
+    rm -f "$db"
+    limit -s INT "${RETUNE_S:-420}" bash benchmarks/retune.sh bwd "fa_grid fa_grid_bf16 gqa odd_shapes bwd_spread" \
+        "$db" "${TRIALS:-2}" > "$out/${day}_h100_retune_bwd_all.log" 2>&1
+    python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
+    cp tuning_db/h100.db "$out/h100.db"
+    grep " rc " "$out/${day}_h100_retune_bwd_all.log"
+    for f in fa_grid bwd_spread odd_shapes; do
+        limit 50 python -m autoflash bench --shapes "examples/$f.yaml" --mode bwd \
+            --out "$out/${day}_h100_bench_${f}_bwd.jsonl" > "$out/${day}_h100_bench_${f}_bwd.log" 2>&1
+        echo "bench $f rc $?"
+    done
     ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
