@@ -136,13 +136,13 @@ bwd-all)  # every shipped backward file retuned on the current templates (a gluo
           # change makes its records stale: NOTES G-bwd7, G-bwd8), merged, then the three benches of issue 15
     db=/tmp/retune_bwd_all.db
     rm -f "$db"
-    limit -s INT "${RETUNE_S:-420}" bash benchmarks/retune.sh bwd "fa_grid fa_grid_bf16 gqa odd_shapes bwd_spread" \
+    limit -s INT "${RETUNE_S:-380}" bash benchmarks/retune.sh bwd "fa_grid fa_grid_bf16 gqa odd_shapes bwd_spread" \
         "$db" "${TRIALS:-2}" > "$out/${day}_h100_retune_bwd_all.log" 2>&1
     python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
     cp tuning_db/h100.db "$out/h100.db"
     grep " rc " "$out/${day}_h100_retune_bwd_all.log"
     for f in fa_grid bwd_spread odd_shapes; do
-        limit 50 python -m autoflash bench --shapes "examples/$f.yaml" --mode bwd \
+        limit 60 python -m autoflash bench --shapes "examples/$f.yaml" --mode bwd \
             --out "$out/${day}_h100_bench_${f}_bwd.jsonl" > "$out/${day}_h100_bench_${f}_bwd.log" 2>&1
         echo "bench $f rc $?"
     done
