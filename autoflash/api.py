@@ -267,7 +267,10 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
         if launch_backward is None:  # no query rows: nothing flows back
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 else dout.contiguous()
+        # (an incoming gradient laid out as no kernel reads it, unit last stride and 16-byte aligned for TMA,
+        # is copied first: out.sum()'s is a broadcast)
+        dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 and gpus.tma_aligned(dout) \
+            else dout.contiguous()
         dlse = None if dlse is None else dlse.contiguous()
         launch_backward(q, k, v, out, lse.contiguous(), dout, dq, dk, dv, dlse, *extra)
         return dq, dk, dv

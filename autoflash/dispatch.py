@@ -151,10 +151,11 @@ class Dispatcher:
     def for_call(self, problem: Problem, gpu: Gpu, direction: str, tensors, deterministic: bool = False) -> Choice:
         """`choice`, adjusted to what one call's tensors and flags allow (its family says how, or that it cannot:
         then the default variant's family says)."""
-        chosen = self.choice(problem, gpu, direction)
+        chosen, refused = self.choice(problem, gpu, direction), frozenset()
         knobs, note = families.of(chosen.knobs).for_call(chosen.knobs, tensors=tensors, deterministic=deterministic)
-        if knobs is None:
-            chosen = _default(problem, gpu, direction, f"{chosen.reason}; {note}")
+        while knobs is None:  # the next family's default (tl's runs every call)
+            refused |= {chosen.knobs.family}
+            chosen = _default(problem, gpu, direction, f"{chosen.reason}; {note}", refused)
             knobs, note = families.of(chosen.knobs).for_call(chosen.knobs, tensors=tensors, deterministic=deterministic)
         return replace(chosen, knobs=knobs, reason=f"{chosen.reason}; {note}") if note else chosen
 
@@ -172,5 +173,6 @@ def _notice_untuned(gpu: Gpu, direction: str) -> None:
                       stacklevel=4)
 
 
-def _default(problem: Problem, gpu: Gpu, direction: str, why: str) -> Choice:
-    return Choice(families.default_knobs(problem, gpu, direction), "default", None, f"{why}: heuristic default")
+def _default(problem: Problem, gpu: Gpu, direction: str, why: str, refused: frozenset[str] = frozenset()) -> Choice:
+    return Choice(families.default_knobs(problem, gpu, direction, refused), "default", None,
+                  f"{why}: heuristic default")

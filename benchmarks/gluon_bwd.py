@@ -1,5 +1,5 @@
 """Check and time the Gluon backward on the GPU beside torch's SDPA backends and the `tl` backward, without
-autoflash's dispatcher (the family is no backward's default yet).
+autoflash's dispatcher (its tuned records and defaults are timed as they are, not as dispatch picks them).
 
 Run from the checkout:
     python benchmarks/gluon_bwd.py --check            # correctness sweep against the fp64 reference gradients

@@ -167,3 +167,30 @@ def test_backward_given_an_out_laid_out_otherwise_reads_it_as_it_is():
     sliced = attention_backward(dout, q, k, v, wide_out[:, :, 3:10], wide_lse[:, :, 3:10], None, True, None, False)
     for a, b in zip(fresh, sliced):
         torch.testing.assert_close(a, b)
+
+
+def test_incoming_gradients_reach_the_kernels_tma_readable(monkeypatch):
+    """A backward kernel family that loads dO by TMA (gluon, dispatched for most H100 backward problems) needs a
+    unit last stride and 16-byte strides: out.sum()'s gradient (a broadcast) and a slice of a wider tensor are
+    copied first; gradients stay right."""
+    from autoflash import codegen, gpu
+
+    seen = []
+    real = codegen.Variant.backward_plan
+
+    def spy(self, q, k, v, out, lse, dout, *args, **kwargs):
+        seen.append(dout)
+        return real(self, q, k, v, out, lse, dout, *args, **kwargs)
+    monkeypatch.setattr(codegen.Variant, "backward_plan", spy)
+    q, k, v = make_qkv(1, 2, 2, 7, 7, 16, torch.float32, DEVICE)
+    wide = torch.randn(1, 2, 7, 17, device=DEVICE)[..., :16]  # rows of 68 bytes
+    for gradient in (torch.ones(1, 1, 1, 1, device=DEVICE).expand(1, 2, 7, 16), wide):  # (out.sum()'s, a slice)
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        autoflash.attention(q, k, v, causal=True).backward(gradient)
+        assert seen[-1].stride(-1) == 1 and gpu.tma_aligned(seen[-1]), seen[-1].stride()
+        q2, k2, v2 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        probs = torch.softmax((q2 @ k2.transpose(-1, -2) / 4).masked_fill(
+            torch.ones(7, 7, dtype=torch.bool, device=DEVICE).triu(1), float("-inf")), -1)
+        (probs @ v2).backward(gradient.double())
+        for got, want in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+            torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-3)

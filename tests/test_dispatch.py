@@ -15,6 +15,7 @@ from conftest import DEVICE
 from helpers import assert_gradients_match, assert_matches_reference, make_qkv
 
 H100 = Gpu("h100", "NVIDIA H100 80GB HBM3", (9, 0), 132, 232448, 65536)
+KNOWN_A100 = Gpu("a100", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 166912, 65536)
 A100 = Gpu("a100", "NVIDIA A100", (8, 0), 108, 166912, 65536)
 BASE = Problem(4, 16, 16, 4096, 4096, 128, False, "float16")
 FAST = FwdKnobs(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma")
@@ -211,3 +212,29 @@ def test_variant_records_count_under_their_own_kernels_fingerprint(tmp_path):
     store.close()
     found = {(r.problem, r.knobs) for r in dispatch.read_records(url, "h100")}
     assert found == {(window, NEAR), (BASE, ELSEWHERE)}
+
+
+def test_an_untuned_backward_on_hopper_runs_gluons_default_and_tls_where_gluon_refuses(tmp_path):
+    """Nothing tuned (an H200 here): the backward's default is the Gluon family's (families.DEFAULT_ORDER), and a
+    deterministic call, which the Gluon backward refuses (dQ by atomics), gets the next family's default."""
+    import warnings
+
+    import torch
+
+    from autoflash import families
+    from autoflash.families import gluon
+
+    h200 = Gpu("h200", "NVIDIA H200", (9, 0), 132, 232448, 65536)
+    d = Dispatcher([f"sqlite:///{tmp_path / 'empty.db'}"])
+    tensors = make_qkv(1, 2, 2, 8, 8, 64, torch.float16, "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the untuned GPU's notice)
+        plain = d.for_call(BASE, h200, "bwd", tensors)
+        deterministic = d.for_call(BASE, h200, "bwd", tensors, deterministic=True)
+    assert plain.source == "default" and plain.knobs == gluon.default_knobs(BASE, h200, "bwd")
+    assert deterministic.source == "default" and deterministic.knobs.family == "tl"
+    assert deterministic.knobs.dq == "separate" and "Gluon backward adds dQ with atomics" in deterministic.reason
+    assert families.default_knobs(BASE, h200, "fwd").family == "tl"
+    assert families.default_knobs(BASE, KNOWN_A100, "bwd").family == "tl"  # no Gluon off Hopper
+    for direction in families.DIRECTIONS:
+        assert sorted(families.DEFAULT_ORDER[direction]) == sorted(f.name for f in families.implementing(direction))

@@ -1,7 +1,7 @@
 """The Gluon backward on the GPU against the fp64 reference gradients (dq, dk, dv poisoned with NaN before each
 call): every knob point, ragged and unequal sequence lengths, causal and full, GQA and MQA, head dims 32..256, fp16
 and bf16, (B,S,H,D) views, the gradient of a returned lse, a plan run again. Launched through the family's launcher
-(codegen renders it; no dispatcher: the family is no backward's default yet)."""
+(codegen renders it; no dispatcher: every knob point, not only those dispatch picks)."""
 
 import itertools
 

@@ -9,14 +9,17 @@ from autoflash.gpu import Gpu
 from autoflash.knobs import InvalidKnobs, Knobs
 from autoflash.problem import Problem
 
-# In order of preference for a problem nothing was tuned for (the first family with a default wins); tuned
-# records choose among all of them by measured time.
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
     tl.FAMILY,
     gluon.FAMILY,
     fa1.FAMILY,
 )}
 DIRECTIONS = ("fwd", "bwd")
+# For a problem nothing was tuned for, the first family in this order with a default for it (tuned records
+# choose among all families by measured time). The backward tries gluon first: on Hopper its default ran
+# 0.84-0.98x plain SDPA over the FA grid where tl's ran 0.57-0.68x (H200, one run, NOTES G-bwd4); elsewhere
+# (another GPU, the interpreter, attention variants) gluon has no default and tl's runs.
+DEFAULT_ORDER = {"fwd": ("tl", "gluon", "fa1"), "bwd": ("gluon", "tl")}
 
 
 def of(knobs: Knobs) -> KernelFamily:
@@ -50,13 +53,15 @@ def knobs_from_json(direction: str, text: str) -> Knobs:
     return family.knobs[direction].from_dict(data)
 
 
-def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> Knobs:
-    """The heuristic variant of the first family (in `FAMILIES` order) that has one for `problem` on `gpu`."""
-    for family in implementing(direction):
-        knobs = family.default(problem, gpu, direction)
+def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd", skip: frozenset[str] = frozenset()) -> Knobs:
+    """The heuristic variant of the first family in `DEFAULT_ORDER` (but those in `skip`: a call they refused)
+    that has one for `problem` on `gpu`."""
+    for name in DEFAULT_ORDER[direction]:
+        knobs = None if name in skip else FAMILIES[name].default(problem, gpu, direction)
         if knobs is not None:
             return knobs
-    raise LookupError(f"no default {direction} variant for {problem} on {gpu.name}")
+    raise LookupError(f"no default {direction} variant for {problem} on {gpu.name}"
+                      + (f" but the refused families' ({', '.join(sorted(skip))})" if skip else ""))
 
 
 def violations(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:

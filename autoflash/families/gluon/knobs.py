@@ -196,8 +196,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     claim tiles from a counter (the tiles' work is unequal: G6, +2% geomean over the grid's causal cells against
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
     without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
-    the family cannot run the problem. The backward (the `tl` family, first in autoflash.families.FAMILIES, stays
-    the default backward until tuned gluon records win): two consumer warpgroups, 64-row steps (32 past head dim
+    the family cannot run the problem. The backward (every untuned backward's default where it runs:
+    autoflash.families.DEFAULT_ORDER): two consumer warpgroups, 64-row steps (32 past head dim
     128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6)."""
     if direction == "bwd":
         knobs = BwdKnobs(block_m=64 if head_dim_pad(problem.head_dim) <= 128 else 32)
