@@ -267,10 +267,8 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
         if launch_backward is None:  # no query rows: nothing flows back
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        # (an incoming gradient laid out as no kernel reads it, unit last stride and 16-byte aligned for TMA,
-        # is copied first: out.sum()'s is a broadcast)
-        dout = torch.zeros_like(out) if dout is None else dout if dout.stride(-1) == 1 and gpus.tma_aligned(dout) \
-            else dout.contiguous()
+        dout = torch.zeros_like(out) if dout is None else _tma_readable(dout)  # (out.sum()'s is a broadcast)
+        out = _tma_readable(out)  # (attention_backward's may be a slice of a merged output: ring attention's)
         dlse = None if dlse is None else dlse.contiguous()
         launch_backward(q, k, v, out, lse.contiguous(), dout, dq, dk, dv, dlse, *extra)
         return dq, dk, dv
@@ -293,6 +291,13 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
         return out
     plan = _Plan(run, forward_with_lse, backward)
     return plan
+
+
+def _tma_readable(t: torch.Tensor) -> torch.Tensor:
+    """t, or its contiguous copy where TMA could not read it (a last stride other than 1, strides or address not
+    16-byte aligned): what the backward reads besides q, k, v, which dispatch checked, laid out as every family's
+    kernels take it (the Gluon backward loads O and dO by TMA)."""
+    return t if t.stride(-1) == 1 and gpus.tma_aligned(t) else t.contiguous()
 
 
 def _chosen(problem: Problem, gpu: gpus.Gpu, direction: str, tensors, deterministic: bool = False):
