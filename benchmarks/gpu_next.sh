@@ -135,11 +135,12 @@ bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): 
 bwd-all)  # every shipped backward file retuned on the current templates (a gluon backward template or launcher
           # change makes its records stale: NOTES G-bwd7, G-bwd8), merged, then the three benches of issue 15
     db=/tmp/retune_bwd_all.db
-    rm -f "$db"
+    rm -f "$db" "${db%.db}.stderr"
     limit -s INT "${RETUNE_S:-380}" bash benchmarks/retune.sh bwd "fa_grid fa_grid_bf16 gqa odd_shapes bwd_spread" \
         "$db" "${TRIALS:-2}" > "$out/${day}_h100_retune_bwd_all.log" 2>&1
     python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
     cp tuning_db/h100.db "$out/h100.db"
+    grep -v "it/s\]" "${db%.db}.stderr" | tail -n 200 > "$out/${day}_h100_retune_bwd_all.stderr"
     grep " rc " "$out/${day}_h100_retune_bwd_all.log"
     for f in fa_grid bwd_spread odd_shapes; do
         limit 60 python -m autoflash bench --shapes "examples/$f.yaml" --mode bwd \

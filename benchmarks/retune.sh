@@ -9,7 +9,7 @@ mode=$1 files=$2 db=$3 trials=${4:-4}
 [ -f "$db" ] || cp tuning_db/h100.db "$db"
 for f in $files; do
     python -m autoflash tune --gpu h100 --mode "$mode" --shapes "examples/$f.yaml" --trials "$trials" --db "$db" \
-        2>/dev/null  # stderr: progress bars
+        2>>"${db%.db}.stderr"  # progress bars, and what a dying worker says (NOTES G-bwd7: its cause was lost)
     rc=$?
     echo "$f rc $rc"
     [ $rc = 130 ] && exit 130  # interrupted: the finished trials are saved, the files after it wait
