@@ -115,22 +115,22 @@ class Bench:
         q, k, v = self.sets[0][:3]
         group = self.problem.heads_q // self.problem.heads_kv
         slopes = self.reference_variants["alibi_slopes"]
+
+        def of_head(head):  # the variant arguments of one query head
+            return dict(self.reference_variants, alibi_slopes=None if slopes is None else slopes[head:head + 1])
         refs = {}
         for b, h in self._samples():
             hkv = h // group
             kv = (self._rows(k, b, keys=True)[:, hkv:hkv + 1], self._rows(v, b, keys=True)[:, hkv:hkv + 1])
-            heads = slice(h, h + 1) if self.direction == "fwd" else slice(hkv * group, (hkv + 1) * group)
-            variants = dict(self.reference_variants, alibi_slopes=None if slopes is None else slopes[heads])
             if self.direction == "fwd":
-                refs[b, h] = tuple(t[0, 0] for t in attention_reference(self._rows(q, b)[:, heads], *kv,
-                                                                        self.problem.causal, self.scale, **variants))
+                refs[b, h] = tuple(t[0, 0] for t in attention_reference(self._rows(q, b)[:, h:h + 1], *kv,
+                                                                        self.problem.causal, self.scale, **of_head(h)))
             else:  # one query head at a time (fp64 scores of a 32k x 32k head are 8.6 GB), dK and dV summed
                 dout, dk, dv = self._rows(self.sets[0][5], b), 0.0, 0.0
-                for head in range(heads.start, heads.stop):
-                    one = dict(variants, alibi_slopes=None if slopes is None else slopes[head:head + 1])
+                for head in range(hkv * group, (hkv + 1) * group):
                     dq_h, dk_h, dv_h = attention_backward_reference(
                         self._rows(q, b)[:, head:head + 1], *kv, dout[:, head:head + 1], self.problem.causal,
-                        self.scale, **one)
+                        self.scale, **of_head(head))
                     dk, dv = dk + dk_h[0, 0], dv + dv_h[0, 0]
                     if head == h:
                         dq = dq_h[0, 0]

@@ -11,9 +11,8 @@ from autoflash.problem import Problem
 FAMILY_DOC = ("FlashAttention-3's shape in Gluon (templates/gluon), Hopper only: a TMA producer warp and "
               "consumer warpgroups with registers split between them, asynchronous wgmma")
 BWD_DOC = ("FlashAttention-3's backward in Gluon (templates/gluon), Hopper only: a TMA producer warp, consumer "
-           "warpgroups of 64 keys, asynchronous wgmma, dQ by atomics")
+           "warpgroups of 64 keys, asynchronous wgmma, dQ added by TMA reduce-add")
 MAX_REGISTERS = 65536  # per SM, and one program holds an SM
-MAX_THREAD_REGISTERS = 255
 BWD_CONSUMER_REGISTERS = 240  # setmaxnreg of the backward's consumer warpgroups (templates/gluon/attn_bwd.py.jinja)
 MBARRIER_BYTES = 1024  # the barriers and the compiler's scratch, rounded up (measured: 368-472 B)
 
