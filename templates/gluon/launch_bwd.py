@@ -64,18 +64,19 @@ def _descriptor_maker(q, block_m, block_d, warpgroups):
     warpgroup's share of dQ, and lse2 and delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns
     past head_dim read as 0 and are never written."""
     dkv = _dkv_columns(block_d, warpgroups)
+    dtype = GL_DTYPES[q.dtype]
     blocks = {name: [1, 1, rows, cols] for name, rows, cols in (
         ("q", block_m, block_d), ("k", _block_n(block_d, warpgroups), block_d), ("dk", 64, dkv))}
+    layouts = {name: _layout(block, dtype) for name, block in blocks.items()}
     dq_block = [1, 1, *_dq_share(block_m, block_d, warpgroups)]
-    dtype = GL_DTYPES[q.dtype]
+    dq_layout, row_layout = _layout(dq_block, gl.float32), _layout([1, block_m], gl.float32)
 
     def make(q, k, v, dout, dk, dv, dq_sum, lse2, delta):
-        return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], _layout(blocks[name], dtype))
+        return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], layouts[name])
                   for t, name in ((q, "q"), (k, "k"), (v, "k"), (dout, "q"), (dk, "dk"), (dv, "dk"))),
-                TensorDescriptor(dq_sum, list(dq_sum.shape), list(dq_sum.stride()), dq_block,
-                                 _layout(dq_block, gl.float32)),
-                *(TensorDescriptor(t, [t.shape[0], q.shape[2]], list(t.stride()), [1, block_m],
-                                   _layout([1, block_m], gl.float32)) for t in (lse2, delta)))
+                TensorDescriptor(dq_sum, list(dq_sum.shape), list(dq_sum.stride()), dq_block, dq_layout),
+                *(TensorDescriptor(t, [t.shape[0], q.shape[2]], list(t.stride()), [1, block_m], row_layout)
+                  for t in (lse2, delta)))
     return make
 
 
