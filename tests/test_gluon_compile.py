@@ -191,7 +191,8 @@ def test_backward_launcher_refuses_what_tma_cannot_read():
 
 
 def test_backward_delta_kernel():
-    """delta = rowsum(dO * O) - dlse and lse in log2 units (0 where -inf), in Triton's interpreter."""
+    """delta = rowsum(dO * O) - dlse and lse in log2 units (0 where -inf), dQ's fp32 buffer zeroed, in Triton's
+    interpreter."""
     batch, heads, seqlen, head_dim = 2, 3, 77, 40
     gen = torch.Generator().manual_seed(0)
     out, dout = (torch.randn(batch, seqlen, heads, head_dim, generator=gen).to(torch.float16).transpose(1, 2)
@@ -200,11 +201,13 @@ def test_backward_delta_kernel():
     lse[0, 1, :5] = -math.inf
     # the outputs are (batch * heads, seqlen) rows padded to a multiple of 4 (TMA's 16-byte strides)
     lse2, delta = (torch.full((batch * heads, 80), math.nan) for _ in range(2))
+    dq = torch.full((batch, heads, seqlen, head_dim), math.nan)
     kernels = codegen.load(BwdKnobs()).kernels
-    kernels._attn_bwd_delta[(2, batch * heads)](out, dout, lse, dlse, lse2, delta, *out.stride()[:3],
+    kernels._attn_bwd_delta[(2, batch * heads)](out, dout, lse, dlse, lse2, delta, dq, *out.stride()[:3],
                                                 *dout.stride()[:3], lse2.stride(0), heads, seqlen,
                                                 HEAD_DIM=head_dim, BLOCK_D=64, HAS_DLSE=True, ROWS=64)
     torch.testing.assert_close(delta[:, :seqlen].view(lse.shape), (out.float() * dout.float()).sum(-1) - dlse)
     torch.testing.assert_close(lse2[:, :seqlen].view(lse.shape),
                                torch.where(lse == -math.inf, 0.0, lse * math.log2(math.e)))
     assert lse2[:, seqlen:].isnan().all() and delta[:, seqlen:].isnan().all(), "the padding is not written"
+    assert (dq == 0).all()

@@ -101,29 +101,29 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     block_d = max(16, triton.next_power_of_2(head_dim))
     descriptors = _descriptor_maker(q, knobs["block_m"], block_d, knobs["warpgroups"])
     rows = _rows(q)  # (example tensors: each call allocates its own)
-    delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, *out.stride()[:3], *dout.stride()[:3],
-                  rows.stride(0), heads_q, seqlen_q)
+    dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # (zeroed by the delta kernel)
+    delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, dq_sum, *out.stride()[:3],
+                  *dout.stride()[:3], rows.stride(0), heads_q, seqlen_q)
     delta_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, ROWS=DELTA_ROWS)
     delta_grid = (triton.cdiv(seqlen_q, DELTA_ROWS), batch * heads_q)
-    dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     main_args = (*descriptors(q, k, v, dout, dk, dv, dq_sum, rows, rows), softmax_scale, heads_q, heads_kv, seqlen_q,
                  seqlen_k)
     main_options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4)
     main_grid = (triton.cdiv(seqlen_k, _block_n(block_d, knobs["warpgroups"])), batch * heads_kv)
     if compile is None:
         def delta_launch(*tensors):
-            kernels._attn_bwd_delta[delta_grid](*tensors, *delta_args[6:], **delta_options)
+            kernels._attn_bwd_delta[delta_grid](*tensors, *delta_args[7:], **delta_options)
 
         def main_launch(*tensors):
             kernels.attn_bwd[main_grid](*tensors, *main_args[9:], **main_options)
     else:
-        delta_launch = compile(kernels._attn_bwd_delta, delta_grid, delta_args, delta_options, 6)
+        delta_launch = compile(kernels._attn_bwd_delta, delta_grid, delta_args, delta_options, 7)
         main_launch = compile(kernels.attn_bwd, main_grid, main_args, main_options, 9)
 
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
         lse2, delta = _rows(q), _rows(q)
-        delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta)
-        dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_sum)
         main_launch(*descriptors(q, k, v, dout, dk, dv, dq_sum, lse2, delta))
         dq.copy_(dq_sum)
     return backward
