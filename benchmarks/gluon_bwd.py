@@ -164,13 +164,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
-    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "short", "wide"])
+    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "causal", "short", "wide"])
     parser.add_argument("--variants", default='["default"]')
     parser.add_argument("--out", default="gluon_bwd_bench.jsonl")
     args = parser.parse_args()
     failures = check(check_cases()[::args.every]) if args.check else 0
     if args.bench:
         problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
+                    "causal": [p for p in fa_grid((torch.float16,)) if p[4]],
                     "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048],
                     "wide": WIDE}[args.bench]
         bench(problems, json.loads(args.variants), args.out, " ".join(sys.argv))

@@ -9,7 +9,7 @@ a variant's `forward_plan` with autoflash/launch.py). Overhead is taken like for
 `attention(q, k, v)` over the bare launch that allocates its output as attention does. Also timed: the
 variant's plan launched through Triton's per-call argument binding (`kernel[grid](...)`), parts
 of attention's own work alone, and the backward variant's kernels started by its plan and through Triton's
-binding (`backward`).
+binding, and the whole backward through torch.autograd.grad.
 """
 
 import argparse
@@ -66,6 +66,8 @@ def triton_binding(kernel, grid, args, options, tensor_count):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out")
+    parser.add_argument("--profile", metavar="NAME", help="also print cProfile's top entries for the timed function "
+                        "NAME (e.g. backward_autograd)")
     args = parser.parse_args()
     q, k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     out = torch.empty_like(q)
@@ -84,6 +86,9 @@ def main():
     bwd_jit_launch = bwd_variant.backward_plan(q, k, v, out, lse, dout, *grads, scale, False, None,
                                                compile=triton_binding)
 
+    graph_inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    graph_out = autoflash.attention(*graph_inputs)  # a kept graph: each backward_autograd call runs the backward
+
     def call_key():  # the pointers are read for the key (and out's overlap check)
         return api._call_key(q, k, v, None, checks.addresses(q, k, v, None), False, None, False, False)
 
@@ -99,11 +104,22 @@ def main():
         plan_lookup=lambda: api._plans.get(call_key()),
         empty_like=lambda: torch.empty_like(q),
         backward_bare_launch=lambda: bwd_launch(q, k, v, out, lse, dout, *grads, None),
-        backward_triton_jit_launch=lambda: bwd_jit_launch(q, k, v, out, lse, dout, *grads, None))
+        backward_triton_jit_launch=lambda: bwd_jit_launch(q, k, v, out, lse, dout, *grads, None),
+        # What `autoflash bench --mode bwd` times: the whole backward through autograd (allocations, copies, plan).
+        backward_autograd=lambda: torch.autograd.grad(graph_out, graph_inputs, dout, retain_graph=True))
     for fn in fns.values():  # compiled, planned and warm
         for _ in range(200):
             fn()
     torch.cuda.synchronize()
+    if args.profile:
+        import cProfile
+        import pstats
+
+        with cProfile.Profile() as profile:
+            for _ in range(2000):
+                fns[args.profile]()
+        torch.cuda.synchronize()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     median = {f"{name}_us": t for name, t in host_us(fns).items()}
     over = {f"overhead_{call}_over_{base}_us": paired_overhead_us(fns[call], fns[base])
             for call, base in (("attention_into_out", "bare_launch"), ("attention", "bare_launch_with_output"))}
