@@ -39,6 +39,9 @@ from helpers import make_qkv  # noqa: E402
 # Head dims past 128 (odd_shapes.yaml's d256 cells, 16k-32k tokens): (batch, heads, seqlen, head_dim, causal, dtype).
 WIDE = [(b, h, s, d, causal, dtype) for b, h, s in ((4, 8, 4096), (1, 16, 16384)) for d in (160, 192, 256)
         for causal in (False, True) for dtype in (torch.float16, torch.bfloat16)]
+# Grouped-query causal backward (bwd_spread.yaml's rows): (batch, heads_q, seqlen, head_dim, causal, dtype, heads_kv).
+GQA_CAUSAL = [(4, 32, 4096, d, True, torch.bfloat16, 4) for d in (64, 128, 256)] + [
+    (1, 8, 8192, 128, True, torch.bfloat16, 8), (1, 32, 32768, 128, True, torch.bfloat16, 8)]
 LENGTHS = ((1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097))
 
 
@@ -108,12 +111,12 @@ def bench(problems, variants, out_path, command):
     rows = []
     device = torch.device("cuda")
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, command=command)
-    for b, h, s, d, causal, dtype in problems:
-        problem = Problem(b, h, h, s, s, d, causal, str(dtype)[6:])
+    for b, h, s, d, causal, dtype, *kv_heads in problems:
+        problem = Problem(b, h, (kv_heads or [h])[0], s, s, d, causal, str(dtype)[6:])
         q, k, v, dout = problem.random_inputs(device, 0, with_dout=True)
         out, lse = autoflash.attention(q, k, v, causal=causal, return_lse=True)
         flops = problem.flops("bwd")
-        label = f"b{b} h{h} s{s} d{d}{' causal' if causal else ''} {str(dtype)[6:]}"
+        label = f"b{b} h{problem.heads_q}/{problem.heads_kv} s{s} d{d}{' causal' if causal else ''} {str(dtype)[6:]}"
         line = []
 
         def record(backend, ms, **extra):
@@ -164,14 +167,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
-    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "causal", "short", "wide"])
+    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "causal", "gqa_causal", "short",
+                                                         "wide"])
     parser.add_argument("--variants", default='["default"]')
     parser.add_argument("--out", default="gluon_bwd_bench.jsonl")
     args = parser.parse_args()
     failures = check(check_cases()[::args.every]) if args.check else 0
     if args.bench:
         problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
-                    "causal": [p for p in fa_grid((torch.float16,)) if p[4]],
+                    "causal": [p for p in fa_grid((torch.float16,)) if p[4]], "gqa_causal": GQA_CAUSAL,
                     "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048],
                     "wide": WIDE}[args.bench]
         bench(problems, json.loads(args.variants), args.out, " ".join(sys.argv))
