@@ -442,12 +442,14 @@ class Store:
         return unusable_reasons(outcomes)
 
     @_store_errors
-    def baseline(self, family: str, problem: Problem, backend: str) -> float | None:
-        """The latest time of `backend` on `problem` on this GPU family."""
+    def baseline(self, family: str, problem: Problem, backend: str, torch_version: str | None = None
+                 ) -> float | None:
+        """The latest time of `backend` on `problem` on this GPU family (measured under `torch_version`, if given)."""
+        same_torch = () if torch_version is None else (BaselineRow.torch_version == torch_version,)
         with Session(self.engine) as s:
             return s.scalars(select(BaselineRow.median_ms).join(ProblemRow).join(GpuRow)
                              .where(GpuRow.family == family, ProblemRow.key == problem.key(),
-                                    BaselineRow.backend == backend)
+                                    BaselineRow.backend == backend, *same_torch)
                              .order_by(BaselineRow.id.desc())).first()
 
     def _variants_column(self):

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from autoflash import codegen, families
 from autoflash.db.store import Store
 from autoflash.families.base import KernelFamily
@@ -107,6 +109,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     record every trial. Trials already in the store count toward `n_trials` (a second run resumes) and are
     never timed again. A family with no variant that can run the problem is recorded as such."""
     started = time.monotonic()
+    sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     done, empty = {}, {}
     for family in families.searched(direction):
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
@@ -124,14 +127,24 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
                                    direction=direction)
         return Report(problem, direction, None, None, None, trials=0, failures=0, wall_s=time.monotonic() - started,
                       no_valid_variant="; ".join(f"{family}: {why}" for family, why in empty.items()))
-    sdpa_ms = runner.sdpa_ms(problem, direction)
-    if sdpa_ms is not None:
-        store.record_baseline(gpu, problem, baseline_name(direction), sdpa_ms)
     ok = {k: t for k, t in done.items() if t.status == "ok"}
     best = min(ok, key=lambda k: ok[k].median_ms, default=None)
     return Report(problem, direction, families.knobs_from_json(direction, best) if best else None,
                   ok[best].median_ms if best else None,
                   sdpa_ms, trials=len(done), failures=len(done) - len(ok), wall_s=time.monotonic() - started)
+
+
+def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, direction: str) -> float | None:
+    """SDPA's time on `problem`, timed once per database, GPU family and torch version: read where a tuner
+    recorded it (a resumed run; tuners sharing the database, each of which reports every problem), else timed now,
+    before the search, so that a tuner reaching the problem later finds it."""
+    name = baseline_name(direction)
+    sdpa_ms = store.baseline(gpu.family, problem, name, torch.__version__)
+    if sdpa_ms is None:
+        sdpa_ms = runner.sdpa_ms(problem, direction)
+        if sdpa_ms is not None:
+            store.record_baseline(gpu, problem, name, sdpa_ms)
+    return sdpa_ms
 
 
 def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,

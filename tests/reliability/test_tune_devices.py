@@ -3,12 +3,14 @@ and exactly --trials per problem, and each starts on its own part of the problem
 
 import subprocess
 import sys
+from contextlib import closing
 
 import pytest
 from click.testing import CliRunner
 
 from autoflash.cli import main
 from autoflash.cli.tune import begin_at_part
+from autoflash.db.base import connect_readonly
 from tuning import TWO_PROBLEMS, assert_sound, problems_file
 
 
@@ -25,6 +27,8 @@ def test_two_tuners_share_the_problems_and_time_each_variant_once(tmp_path):
     for _, key, _, _, _ in rows:
         per_problem[key] = per_problem.get(key, 0) + 1
     assert sorted(per_problem.values()) == [3, 3], per_problem
+    with closing(connect_readonly(str(db))) as conn:  # each tuner reports both problems; SDPA is timed once each
+        assert conn.execute("SELECT COUNT(*) FROM autoflash_baselines").fetchone() == (2,)
 
 
 def test_each_tuner_begins_at_its_own_part():
