@@ -4,14 +4,18 @@ TFLOP/s use the FlashAttention-paper count (causal = half of full for square pro
 backward counts 2.5 x the forward and is timed alone, after a forward whose graph is kept).
 """
 
+import statistics
+
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import autoflash
 from autoflash.problem import Problem
 from autoflash.reference import sdpa_attention
-from autoflash.tune.timing import backward_ms, input_sets, median_ms
+from autoflash.tune.timing import backward_timer, input_sets, median_ms
 from autoflash.tune.trial import variant_kwargs
+
+ROUNDS = 3  # timings of each implementation a problem, interleaved with the others'
 
 # Plain SDPA first (no backend forced: what a user gets without autoflash; cuDNN on the H100), then each backend.
 SDPA_BACKENDS = {"sdpa": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -32,28 +36,50 @@ def _sdpa(backend, p: Problem):
     return run
 
 
-def bench_problem(p: Problem, device: torch.device, direction: str = "fwd") -> list[dict]:
-    """One row per implementation: backend, ms and TFLOP/s of the forward (or of the backward alone),
-    or the error that stopped it."""
+def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", rounds: int = ROUNDS) -> list[dict]:
+    """One row per implementation: backend, ms (the median of `rounds` rounds, each timing every implementation
+    once, the order rotated a round: a GPU's clocks drift over a run, and the first or last of a row should not
+    carry it alone) and TFLOP/s of the forward (or of the backward alone), or the error that stopped it."""
     per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
     sets = [p.random_inputs(device, seed, with_dout=direction == "bwd")
             for seed in range(input_sets(per_set * (2 if direction == "bwd" else 1), device))]
     variants = variant_kwargs(p, device)
     implementations = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal, **variants)}
     implementations.update({name: _sdpa(backend, p) for name, backend in SDPA_BACKENDS.items()})
+    timing = dict(rep_ms=max(20.0, 100.0 / rounds))
+    timers, errors = {}, {}
+    for name, fn in implementations.items():  # (a backward's graphs are built once, kept for every round)
+        if direction == "fwd":
+            timers[name] = lambda fn=fn: median_ms(lambda i: fn(*sets[i]), len(sets), device, **timing)
+        else:
+            timers[name] = _guarded(lambda fn=fn: backward_timer(fn, sets, device, **timing), name, errors)
+    names, times = list(implementations), {name: [] for name in implementations}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if name not in errors and (ms := _guarded(timers[name], name, errors)) is not None:
+                times[name].append(ms)
     rows = []
-    for name, fn in implementations.items():
-        try:
-            ms = median_ms(lambda i: fn(*sets[i]), len(sets), device) if direction == "fwd" \
-                else backward_ms(fn, sets, device)
-            rows.append(dict(backend=name, direction=direction, ms=ms, tflops=p.flops(direction) / ms * 1e-9))
-        except Exception as e:  # a backend that refuses the shape is recorded, not fatal
-            rows.append(dict(backend=name, direction=direction,
-                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
-        torch.cuda.empty_cache()
+    for name in names:
+        if name in errors:  # a backend that refuses the shape is recorded, not fatal
+            rows.append(dict(backend=name, direction=direction, error=errors[name]))
+        else:
+            ms = statistics.median(times[name])
+            rows.append(dict(backend=name, direction=direction, ms=ms, tflops=p.flops(direction) / ms * 1e-9,
+                             rounds_ms=times[name]))
+    timers.clear()
+    torch.cuda.empty_cache()
     q, k, v = sets[0][:3]
     rows[0]["explain"] = autoflash.explain(q, k, v, causal=p.causal, **variants)
     return rows
+
+
+def _guarded(call, name: str, errors: dict):
+    """call(), or None with the error recorded under `name`."""
+    try:
+        return call()
+    except Exception as e:
+        errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        return None
 
 
 def precompile(problems: list[Problem], direction: str, workers: int) -> None:
