@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import autoflash
 from autoflash.problem import Problem
 from autoflash.reference import sdpa_attention
-from autoflash.tune.timing import backward_timer, input_sets, median_ms
+from autoflash.tune.timing import backward_ms, input_sets, median_ms
 from autoflash.tune.trial import variant_kwargs
 
 ROUNDS = 3  # timings of each implementation a problem, interleaved with the others'
@@ -47,16 +47,15 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", roun
     implementations = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal, **variants)}
     implementations.update({name: _sdpa(backend, p) for name, backend in SDPA_BACKENDS.items()})
     timing = dict(rep_ms=max(20.0, 100.0 / rounds))
-    timers, errors = {}, {}
-    for name, fn in implementations.items():  # (a backward's graphs are built once, kept for every round)
+
+    def timed(fn):  # (a backward's graphs are built for the round and freed after it, as one backend's at a time)
         if direction == "fwd":
-            timers[name] = lambda fn=fn: median_ms(lambda i: fn(*sets[i]), len(sets), device, **timing)
-        else:
-            timers[name] = _guarded(lambda fn=fn: backward_timer(fn, sets, device, **timing), name, errors)
-    names, times = list(implementations), {name: [] for name in implementations}
+            return median_ms(lambda i: fn(*sets[i]), len(sets), device, **timing)
+        return backward_ms(fn, sets, device, **timing)
+    names, times, errors = list(implementations), {name: [] for name in implementations}, {}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            if name not in errors and (ms := _guarded(timers[name], name, errors)) is not None:
+            if name not in errors and (ms := _guarded(lambda: timed(implementations[name]), name, errors)) is not None:
                 times[name].append(ms)
     rows = []
     for name in names:
@@ -66,7 +65,6 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", roun
             ms = statistics.median(times[name])
             rows.append(dict(backend=name, direction=direction, ms=ms, tflops=p.flops(direction) / ms * 1e-9,
                              rounds_ms=times[name]))
-    timers.clear()
     torch.cuda.empty_cache()
     q, k, v = sets[0][:3]
     rows[0]["explain"] = autoflash.explain(q, k, v, causal=p.causal, **variants)

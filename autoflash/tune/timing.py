@@ -48,18 +48,13 @@ def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, re
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def backward_ms(forward, sets, device: torch.device) -> float:
+def backward_ms(forward, sets, device: torch.device, **timing) -> float:
     """Median time of the backward alone of `forward(q, k, v) -> out`, over input sets (q, k, v, dout):
-    each set's forward runs once, its graph is kept, and only torch.autograd.grad is timed."""
-    return backward_timer(forward, sets, device)()
-
-
-def backward_timer(forward, sets, device: torch.device, **timing):
-    """`time() -> ms`: backward_ms's timing (with median_ms's `timing` options), its graphs built once here, so
-    that the backward can be timed again (autoflash bench's rounds)."""
+    each set's forward runs once, its graph is kept, and only torch.autograd.grad is timed (with median_ms's
+    `timing` options)."""
     graphs = []
     for q, k, v, dout in sets:
         inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
         graphs.append((inputs, forward(*inputs), dout))
-    return lambda: median_ms(lambda i: torch.autograd.grad(graphs[i][1], graphs[i][0], graphs[i][2],
-                                                           retain_graph=True), len(graphs), device, **timing)
+    return median_ms(lambda i: torch.autograd.grad(graphs[i][1], graphs[i][0], graphs[i][2], retain_graph=True),
+                     len(graphs), device, **timing)
