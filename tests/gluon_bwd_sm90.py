@@ -31,7 +31,8 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     launch = _launcher()
     q, kv = (descriptor(rows, head_dim, dtype) for rows in (knobs["block_m"],
                                                              launch._block_n(block_d, knobs["warpgroups"])))
-    dkv = descriptor(64, head_dim, dtype, columns=launch._dkv_columns(block_d, knobs["warpgroups"]))
+    dkv = descriptor(64, head_dim, "float32" if knobs["group_splits"] > 1 else dtype,  # (fp32 sums where split)
+                     columns=launch._dkv_columns(block_d, knobs["warpgroups"]))
     dq_block = [1, 1, *launch._dq_share(knobs["block_m"], block_d, knobs["warpgroups"])]
     shape = [2, 4, 1000, head_dim]
     dq = TensorDescriptor(MockTensor(_TorchDtype("float32"), shape), shape,
@@ -46,10 +47,10 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     return compile_kernel(module.attn_bwd, args, options)
 
 
-DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2)  # the family's default
+DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1)  # the family's default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
 # each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
-# same keys with dK's and dV's columns split (32-row steps, dQ^T)
+# same keys with dK's and dV's columns split (32-row steps, dQ^T); GQA groups split over programs
 CASES = [({}, 128, "float16", False),
          ({}, 128, "bfloat16", True),
          ({}, 96, "float16", True),
@@ -59,7 +60,11 @@ CASES = [({}, 128, "float16", False),
          (dict(num_buffers=3), 128, "float16", True),
          (dict(warpgroups=1), 128, "bfloat16", False),
          (dict(block_m=32), 256, "float16", True),
-         (dict(block_m=32), 192, "bfloat16", False)]
+         (dict(block_m=32), 192, "bfloat16", False),
+         # a KV head's two query heads in two programs, dK and dV added in fp32
+         (dict(group_splits=2), 128, "bfloat16", True),
+         (dict(group_splits=2), 64, "float16", False),
+         (dict(group_splits=2, block_m=32), 256, "bfloat16", True)]
 
 
 def report(cases) -> list[dict]:

@@ -55,6 +55,17 @@ def test_defaults(head_dim, dtype, causal, heads_q, heads_kv):
         assert knobs is not None and run_variant(knobs, shape, dtype, "cuda", causal, transposed=heads_q == 3)
 
 
+@pytest.mark.parametrize("group_splits", [2, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_group_splits(group_splits, head_dim, causal):
+    """A KV head's 8 query heads over 2, 4 or 8 programs, whose fp32 dK and dV add up (MQA, and GQA 8:1)."""
+    for shape in ((2, 8, 1, 1000, 1000, head_dim), (1, 16, 2, 123, 4097, head_dim), (1, 16, 2, 4097, 123, head_dim)):
+        knobs = BwdKnobs(block_m=64 if head_dim <= 128 else 32, group_splits=group_splits)
+        assert not violations(knobs, Problem(*shape, causal, "bfloat16"), H100)
+        assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_lse_gradient_and_plan_reuse(causal):
     """dlse (the gradient of a returned lse) folds into delta; one plan, run on new inputs, writes every

@@ -57,17 +57,19 @@ def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def _descriptor_maker(q, block_m, block_d, warpgroups):
+def _descriptor_maker(q, block_m, block_d, warpgroups, dkv_dtype):
     """`make(q, k, v, dout, dk, dv, dq_sum, lse2, delta)`: TMA descriptors over (batch, heads, seqlen, head_dim)
     with each tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v: the program's keys,
-    `_block_n`), dk and dv in a warpgroup's blocks (1, 1, 64, `_dkv_columns`), the fp32 dq_sum in blocks of a
+    `_block_n`), dk and dv (of `dkv_dtype`: q's, or fp32 sums) in a warpgroup's blocks (1, 1, 64,
+    `_dkv_columns`), the fp32 dq_sum in blocks of a
     warpgroup's share of dQ, and lse2 and delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns
     past head_dim read as 0 and are never written."""
     dkv = _dkv_columns(block_d, warpgroups)
     dtype = GL_DTYPES[q.dtype]
     blocks = {name: [1, 1, rows, cols] for name, rows, cols in (
         ("q", block_m, block_d), ("k", _block_n(block_d, warpgroups), block_d), ("dk", 64, dkv))}
-    layouts = {name: _layout(block, dtype) for name, block in blocks.items()}
+    layouts = {name: _layout(block, gl.float32 if name == "dk" and dkv_dtype == torch.float32 else dtype)
+               for name, block in blocks.items()}
     dq_block = [1, 1, *_dq_share(block_m, block_d, warpgroups)]
     dq_layout, row_layout = _layout(dq_block, gl.float32), _layout([1, block_m], gl.float32)
 
@@ -94,22 +96,26 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     Triton's per-call launch. q, out, dout, dq: (batch, heads_q, seqlen_q, head_dim); k, v, dk, dv: (batch,
     heads_kv, seqlen_k, head_dim); lse (the forward's) and dlse (the gradient of the returned lse, or None): fp32
     (batch, heads_q, seqlen_q), contiguous. Writes dq, dk, dv; dQ is summed with atomics (not bitwise
-    repeatable)."""
+    repeatable; so are dK and dV where knobs["group_splits"] > 1: the programs sharing a KV head add theirs into
+    fp32 sums)."""
     _check(q, k, v, out, dout, dq, dk, dv, lse, dlse)
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    descriptors = _descriptor_maker(q, knobs["block_m"], block_d, knobs["warpgroups"])
+    splits = knobs["group_splits"]
+    descriptors = _descriptor_maker(q, knobs["block_m"], block_d, knobs["warpgroups"],
+                                    q.dtype if splits == 1 else torch.float32)
     rows = _rows(q)  # (example tensors: each call allocates its own)
     dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # (zeroed by the delta kernel)
+    dkv_sum = torch.empty((2, *k.shape), dtype=torch.float32, device=k.device) if splits > 1 else (dk, dv)
     delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, dq_sum, *out.stride()[:3],
                   *dout.stride()[:3], rows.stride(0), heads_q, seqlen_q)
     delta_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, ROWS=DELTA_ROWS)
     delta_grid = (triton.cdiv(seqlen_q, DELTA_ROWS), batch * heads_q)
-    main_args = (*descriptors(q, k, v, dout, dk, dv, dq_sum, rows, rows), softmax_scale, heads_q, heads_kv, seqlen_q,
-                 seqlen_k)
+    main_args = (*descriptors(q, k, v, dout, *dkv_sum, dq_sum, rows, rows), softmax_scale, heads_q, heads_kv,
+                 seqlen_q, seqlen_k)
     main_options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4)
-    main_grid = (triton.cdiv(seqlen_k, _block_n(block_d, knobs["warpgroups"])), batch * heads_kv)
+    main_grid = (triton.cdiv(seqlen_k, _block_n(block_d, knobs["warpgroups"])), batch * heads_kv * splits)
     if compile is None:
         def delta_launch(*tensors):
             kernels._attn_bwd_delta[delta_grid](*tensors, *delta_args[7:], **delta_options)
@@ -124,6 +130,12 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
         lse2, delta = _rows(q), _rows(q)
         dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_sum)
-        main_launch(*descriptors(q, k, v, dout, dk, dv, dq_sum, lse2, delta))
+        if splits == 1:
+            main_launch(*descriptors(q, k, v, dout, dk, dv, dq_sum, lse2, delta))
+        else:
+            dkv_sum = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+            main_launch(*descriptors(q, k, v, dout, *dkv_sum, dq_sum, lse2, delta))
+            dk.copy_(dkv_sum[0])
+            dv.copy_(dkv_sum[1])
         dq.copy_(dq_sum)
     return backward

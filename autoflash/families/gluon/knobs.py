@@ -60,6 +60,9 @@ class BwdKnobs(Knobs):
     warpgroups: int = knob(2, (1, 2), "consumer warpgroups of a program, 64 keys each (past head dim 128: the "
                                       "program's 64 keys, half of dK's and dV's columns each)")
     num_buffers: int = knob(2, (2, 3), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this one")
+    group_splits: int = knob(1, (1, 2, 4, 8), "programs sharing a KV head's group of query heads (GQA), each walking "
+                                              "group / group_splits of them and adding its dK, dV into fp32 sums "
+                                              "(TMA reduce-add); 1: one program sums the group in registers")
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
@@ -172,6 +175,11 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     if problem.batch * problem.heads_q > MAX_GRID_Y:  # the delta kernel's grid; the main one's is batch x heads_kv
         why.append(f"{problem.batch * problem.heads_q} programs (batch x heads_q) along the grid's y axis, CUDA "
                    f"allows {MAX_GRID_Y}")
+    group = problem.heads_q // problem.heads_kv
+    if group % knobs.group_splits:
+        why.append(f"group_splits {knobs.group_splits} does not divide the {group} query heads of a KV head")
+    if knobs.group_splits > 1 and knobs.warpgroups != 2:
+        why.append("split groups stage fp32 dK and dV in two warpgroups' buffers (K and V's tiles, the Q/dO ring)")
     smem = bwd_shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
