@@ -190,6 +190,24 @@ def test_backward_launcher_refuses_what_tma_cannot_read():
         gluon.backward_plan(None, BwdKnobs().as_point(), k, k, k, k, lse.double(), k, k, k, k, 0.125, False, None)
 
 
+@pytest.mark.parametrize("group_splits", [1, 2])
+def test_backward_descriptors_per_call(group_splits):
+    """A plan's nine descriptors are built once over its example tensors; each call's are copies over the call's
+    tensors, the examples' untouched (dK and dV over fp32 sums where the group is split)."""
+    make_plan_descriptors = launcher("gluon", "bwd")._descriptor_maker
+    q, k = torch.empty(2, 8, 100, 128, dtype=torch.bfloat16), torch.empty(2, 2, 100, 128, dtype=torch.bfloat16)
+    rows = torch.empty(16, 100, dtype=torch.float32)
+    dkv = tuple(torch.empty(k.shape, dtype=torch.float32) for _ in range(2)) if group_splits > 1 else (k, k)
+    examples = (q, k, k, q, *dkv, torch.empty(q.shape, dtype=torch.float32), rows, rows)
+    make = make_plan_descriptors(examples, 64, 128, 2)
+    first, second = make(*examples), make(*(t.clone() for t in examples))
+    for example, a, b in zip(examples, first, second):
+        assert a.base is example and b.base is not example and b.base.shape == example.shape
+        assert (a.shape, a.strides, a.block_shape, a.layout) == (b.shape, b.strides, b.block_shape, b.layout)
+    assert [d.layout.element_bitwidth for d in first[4:7]] == [16 if group_splits == 1 else 32] * 2 + [32]
+    assert first[7].shape == [16, 100] and first[4].block_shape == [1, 1, 64, 128]
+
+
 def test_backward_delta_kernel():
     """delta = rowsum(dO * O) - dlse and lse in log2 units (0 where -inf), dQ's fp32 buffer zeroed, in Triton's
     interpreter."""

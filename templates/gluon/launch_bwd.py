@@ -57,28 +57,32 @@ def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def _descriptor_maker(q, block_m, block_d, warpgroups, dkv_dtype):
-    """`make(q, k, v, dout, dk, dv, dq_sum, lse2, delta)`: TMA descriptors over (batch, heads, seqlen, head_dim)
-    with each tensor's strides, blocks of (1, 1, rows, block_d) (q, dout: block_m rows; k, v: the program's keys,
-    `_block_n`), dk and dv (of `dkv_dtype`: q's, or fp32 sums) in a warpgroup's blocks (1, 1, 64,
-    `_dkv_columns`), the fp32 dq_sum in blocks of a
-    warpgroup's share of dQ, and lse2 and delta (`_rows`) in blocks of (1, block_m). Rows past seqlen and columns
-    past head_dim read as 0 and are never written."""
-    dkv = _dkv_columns(block_d, warpgroups)
-    dtype = GL_DTYPES[q.dtype]
-    blocks = {name: [1, 1, rows, cols] for name, rows, cols in (
-        ("q", block_m, block_d), ("k", _block_n(block_d, warpgroups), block_d), ("dk", 64, dkv))}
-    layouts = {name: _layout(block, gl.float32 if name == "dk" and dkv_dtype == torch.float32 else dtype)
-               for name, block in blocks.items()}
-    dq_block = [1, 1, *_dq_share(block_m, block_d, warpgroups)]
-    dq_layout, row_layout = _layout(dq_block, gl.float32), _layout([1, block_m], gl.float32)
+def _descriptor_maker(examples, block_m, block_d, warpgroups):
+    """`make(q, k, v, dout, dk, dv, dq_sum, lse2, delta)`: TMA descriptors over tensors shaped, strided and aligned
+    as `examples`, the plan's nine: q, dout in blocks of (1, 1, block_m, block_d); k, v of (1, 1, the program's
+    keys (`_block_n`), block_d); dk, dv (q's dtype, or fp32 sums) of a warpgroup's (1, 1, 64, `_dkv_columns`); the
+    fp32 dq_sum of a warpgroup's share of dQ (`_dq_share`); lse2 and delta (`_rows`) of (1, block_m). Rows past
+    seqlen and columns past head_dim read as 0 and are never written. Each is built (and checked) once here; a
+    call gets copies over its own tensors, made without TensorDescriptor's checks (5.5 us a descriptor against
+    0.8 on the CPU machine; NOTES G-bwd11, G-bwd14)."""
+    q = examples[0]
+    dkv, keys = _dkv_columns(block_d, warpgroups), _block_n(block_d, warpgroups)
+    blocks = ([1, 1, block_m, block_d], [1, 1, keys, block_d], [1, 1, keys, block_d], [1, 1, block_m, block_d],
+              [1, 1, 64, dkv], [1, 1, 64, dkv], [1, 1, *_dq_share(block_m, block_d, warpgroups)], [1, block_m],
+              [1, block_m])
 
-    def make(q, k, v, dout, dk, dv, dq_sum, lse2, delta):
-        return (*(TensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], layouts[name])
-                  for t, name in ((q, "q"), (k, "k"), (v, "k"), (dout, "q"), (dk, "dk"), (dv, "dk"))),
-                TensorDescriptor(dq_sum, list(dq_sum.shape), list(dq_sum.stride()), dq_block, dq_layout),
-                *(TensorDescriptor(t, [t.shape[0], q.shape[2]], list(t.stride()), [1, block_m], row_layout)
-                  for t in (lse2, delta)))
+    def built(t, block):
+        shape = list(t.shape) if len(block) == 4 else [t.shape[0], q.shape[2]]  # (rows: their seqlen_q first)
+        return TensorDescriptor(t, shape, list(t.stride()), block, _layout(block, GL_DTYPES.get(t.dtype, gl.float32)))
+    made = [built(t, block) for t, block in zip(examples, blocks)]
+
+    def make(*tensors):
+        call = []
+        for descriptor, t in zip(made, tensors):
+            over_t = object.__new__(TensorDescriptor)  # (no __init__: its checks held for the example)
+            over_t.__dict__.update(descriptor.__dict__, base=t)
+            call.append(over_t)
+        return call
     return make
 
 
@@ -103,11 +107,11 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
     splits = knobs["group_splits"]
-    descriptors = _descriptor_maker(q, knobs["block_m"], block_d, knobs["warpgroups"],
-                                    q.dtype if splits == 1 else torch.float32)
     rows = _rows(q)  # (example tensors: each call allocates its own)
     dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # (zeroed by the delta kernel)
     dkv_sum = torch.empty((2, *k.shape), dtype=torch.float32, device=k.device) if splits > 1 else (dk, dv)
+    descriptors = _descriptor_maker((q, k, v, dout, *dkv_sum, dq_sum, rows, rows), knobs["block_m"], block_d,
+                                    knobs["warpgroups"])
     delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, dq_sum, *out.stride()[:3],
                   *dout.stride()[:3], rows.stride(0), heads_q, seqlen_q)
     delta_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, ROWS=DELTA_ROWS)
