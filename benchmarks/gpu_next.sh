@@ -18,6 +18,9 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
 #                                                                       (after landing branch gbwd-host: NOTES G-bwd8)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # branch gbwd-gqa: the Gluon backward's GPU
+#                                                                       tests, group_splits beside the default on
+#                                                                       GQA causal, host time (NOTES G-bwd13/14)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -131,6 +134,16 @@ bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): 
         {"family": "tl", "block_m": 16, "block_n": 128, "num_warps": 8, "num_stages": 4, "causal_split": false}]' \
         --out "$out/${day}_h100_tl_bwd_knobs.jsonl" > "$out/${day}_h100_tl_bwd_knobs.log" 2>&1
     echo "tl bwd knobs rc $?"; tail -n 50 "$out/${day}_h100_tl_bwd_knobs.log"
+    ;;
+gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much
+    limit 240 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py -p no:cacheprovider \
+        > "$out/${day}_h100_gpu_tests_gluon_bwd_gqa.log" 2>&1
+    echo "gluon bwd tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_bwd_gqa.log"
+    limit 240 python benchmarks/gluon_bwd.py --bench gqa_causal --out "$out/${day}_h100_gluon_bwd_group_splits.jsonl" \
+        --variants '["default", {"group_splits": 2}, {"group_splits": 4}, {"group_splits": 8}]' \
+        > "$out/${day}_h100_gluon_bwd_group_splits.log" 2>&1
+    echo "group_splits bench rc $?"; cat "$out/${day}_h100_gluon_bwd_group_splits.log"
+    limit 60 python benchmarks/overhead.py --out "$out/${day}_h100_overhead_bwd_gqa.jsonl"
     ;;
 bwd-all)  # every shipped backward file retuned on the current templates (a gluon backward template or launcher
           # change makes its records stale: NOTES G-bwd7, G-bwd8), merged, then the three benches of issue 15
