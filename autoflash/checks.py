@@ -193,7 +193,7 @@ def canonical_window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) ->
 
 def variant_args(causal: bool, window: tuple[int, int], seqlen_q: int, seqlen_k: int, softcap: float,
                  alibi_slopes, mask_mod=None, score_mod=None) -> dict | None:
-    """The `variant` of the fixed variants' plans (templates/tl/launch_window_softcap_alibi.py) for a call with a
+    """The `variant` of the fixed variants' plans (templates/common/launch_window_softcap_alibi.py) for a call with a
     canonical window (`canonical_window`), softcap (0.0: off) and alibi_slopes (or None), and of a mask_mod's
     (launch_mask_mod.py: its captures and "mask", what the mod reads) with an autoflash.MaskMod, and of a score_mod's
     (its captures and their lengths) with an autoflash.ScoreMod; None for a plain call. An unbounded window side is passed as seqlen_q + seqlen_k keys (past every key), the right side as 0

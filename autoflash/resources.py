@@ -27,15 +27,20 @@ def data_dir(name: str) -> Path:
 def launcher_path(family: str, part: str = "") -> Path:
     """A launcher of `family`, plain Python that needs only torch and triton: templates/<family>/launch_<part>.py
     where the family has one (`part`: a direction, "bwd", or a variant's name in lower case, "varlen": its edits
-    then leave the fingerprints of the family's other kernels alone), else templates/<family>/launch.py."""
-    own = data_dir("templates") / family / f"launch_{part}.py"
-    return own if part and own.is_file() else data_dir("templates") / family / "launch.py"
+    then leave the fingerprints of the family's other kernels alone), else templates/common/launch_<part>.py
+    where every family shares one (the fixed variants' plans), else templates/<family>/launch.py."""
+    templates = data_dir("templates")
+    for path in (templates / family / f"launch_{part}.py", templates / "common" / f"launch_{part}.py"):
+        if part and path.is_file():
+            return path
+    return templates / family / "launch.py"
 
 
 @lru_cache(maxsize=None)
 def launcher(family: str, part: str = ""):
-    """The imported module of `launcher_path(family, part)` (once per process and file); one of its own gets the
-    family's launch.py module as its global `base` (to build on its helpers)."""
+    """The imported module of `launcher_path(family, part)` (once per process and family); one of its own gets the
+    family's launch.py module as its global `base` (to build on its helpers), and one that declares `base_bwd`
+    the family's backward launcher there too (launch_bwd.py where the family has one)."""
     path = launcher_path(family, part)
     name = f"autoflash_{family}_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -44,4 +49,6 @@ def launcher(family: str, part: str = ""):
     spec.loader.exec_module(module)
     if path.name != "launch.py":
         module.base = launcher(family)
+        if hasattr(module, "base_bwd"):
+            module.base_bwd = launcher(family, "bwd")
     return module

@@ -25,8 +25,8 @@ def _launcher():
     return module
 
 
-def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False):
-    """The module's `attn_bwd` compiled for sm_90 (triton's CompiledKernel)."""
+def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False, variants=()):
+    """The module's `attn_bwd` (rendered with the `variants` gates) compiled for sm_90 (triton's CompiledKernel)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     launch = _launcher()
     q, kv = (descriptor(rows, head_dim, dtype) for rows in (knobs["block_m"],
@@ -41,8 +41,11 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     rows = TensorDescriptor(MockTensor(_TorchDtype("float32"), [8, 1000]), [8, 1000], [1000, 1],
                             [1, knobs["block_m"]], gl.NVMMASharedLayout.get_default_for([1, knobs["block_m"]],
                                                                                          gl.float32))
-    args = (q, kv, kv, q, dkv, dkv, dq, rows, rows,  # q, k, v, do, dk, dv, dq; lse, delta
-            0.1, 4, 2, 1000, 1000)  # scale, heads_q, heads_kv, seqlens
+    slopes = (MockTensor(_TorchDtype("float32"), [4]),) if "ALIBI" in variants else ()
+    args = (q, kv, kv, q, dkv, dkv, dq, rows, rows, *slopes,  # q, k, v, do, dk, dv, dq; lse, delta; ALiBi's slopes
+            0.1, 4, 2, 1000, 1000,  # scale, heads_q, heads_kv, seqlens
+            *((100, 0 if causal else 30) if "WINDOW" in variants else ()), *((30.0,) if "SOFTCAP" in variants else ()),
+            *((0,) if "ALIBI" in variants else ()))  # window_left, window_right; softcap; ALiBi's batch stride
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, num_warps=4)
     return compile_kernel(module.attn_bwd, args, options)
 
@@ -64,7 +67,13 @@ CASES = [({}, 128, "float16", False),
          # a KV head's two query heads in two programs, dK and dV added in fp32
          (dict(group_splits=2), 128, "bfloat16", True),
          (dict(group_splits=2), 64, "float16", False),
-         (dict(group_splits=2, block_m=32), 256, "bfloat16", True)]
+         (dict(group_splits=2, block_m=32), 256, "bfloat16", True),
+         # sliding window, softcapping and ALiBi, each and together
+         ({}, 128, "bfloat16", True, ["WINDOW"]),
+         ({}, 64, "float16", False, ["SOFTCAP"]),
+         ({}, 128, "bfloat16", False, ["ALIBI"]),
+         ({}, 128, "bfloat16", True, ["SOFTCAP"]),
+         (dict(block_m=32), 256, "bfloat16", True, ["WINDOW", "SOFTCAP", "ALIBI"])]
 
 
 def report(cases) -> list[dict]:
@@ -72,9 +81,10 @@ def report(cases) -> list[dict]:
     instructions in the PTX."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for change, head_dim, dtype, causal in cases:
-            knobs = DEFAULT | change
-            compiled = compile_bwd_sm90(load(knobs, tmp, TEMPLATE), knobs, head_dim, dtype, causal)
+        for change, head_dim, dtype, causal, *variants in cases:
+            knobs, variants = DEFAULT | change, variants[0] if variants else ()
+            compiled = compile_bwd_sm90(load(knobs, tmp, TEMPLATE, variants), knobs, head_dim, dtype, causal,
+                                        variants)
             ptx = compiled.asm["ptx"]
             rows.append(dict(shared=compiled.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
                              **ptxas_report(compiled)))

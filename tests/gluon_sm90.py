@@ -25,20 +25,21 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def render(knobs: dict, template: str = "gluon/attn_fwd.py.jinja") -> str:
+def render(knobs: dict, template: str = "gluon/attn_fwd.py.jinja", variants=()) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     return env.get_template(template).render(
         TEMPLATE=template, KNOBS_JSON=str(knobs), FINGERPRINT="test", AUTOFLASH_VERSION="test",
-        TRITON_VERSION=triton.__version__, EXTRA_HEADER=(), **{name: False for name in VARIANTS},
+        TRITON_VERSION=triton.__version__, EXTRA_HEADER=(), **{name: name in variants for name in VARIANTS},
         **{name.upper(): value for name, value in knobs.items()})
 
 
-def load(knobs: dict, directory: str, template: str = "gluon/attn_fwd.py.jinja"):
-    """The rendered module, written to `directory` (Triton reads a kernel's source from its file)."""
-    key = hashlib.sha256(json.dumps([knobs, template], sort_keys=True).encode()).hexdigest()[:16]
+def load(knobs: dict, directory: str, template: str = "gluon/attn_fwd.py.jinja", variants=()):
+    """The rendered module (with the `variants` gates on), written to `directory` (Triton reads a kernel's source
+    from its file)."""
+    key = hashlib.sha256(json.dumps([knobs, template, sorted(variants)], sort_keys=True).encode()).hexdigest()[:16]
     path = Path(directory) / f"gluon_{key}.py"
-    path.write_text(render(knobs, template))
+    path.write_text(render(knobs, template, variants))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

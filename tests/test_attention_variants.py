@@ -398,7 +398,7 @@ def test_a_schema_1_database_is_read_and_upgraded_losslessly(tmp_path, monkeypat
     store.close()
 
 
-def test_only_the_tl_family_runs_variants():
+def test_the_tl_family_and_the_gluon_backward_run_variants():
     from autoflash.families import fa1, gluon
     from autoflash.gpu import Gpu
 
@@ -407,8 +407,13 @@ def test_only_the_tl_family_runs_variants():
     assert not families.violations(FwdKnobs(), problem, hopper)
     for knobs in (gluon.FwdKnobs(), fa1.FwdKnobs()):
         why = families.violations(knobs, problem, hopper)
-        assert any("no attention variants (SOFTCAP, WINDOW)" in reason for reason in why)
+        assert any("SOFTCAP, WINDOW" in reason for reason in why), why
     assert families.default_knobs(problem, hopper).family == "tl"
+    if gluon.knobs.gluon_available():  # the backward's default on Hopper (families.DEFAULT_ORDER)
+        assert not families.violations(gluon.BwdKnobs(), problem, hopper)
+        assert families.default_knobs(problem, hopper, "bwd").family == "gluon"
+    mod = Problem(1, 8, 8, 1024, 1024, 128, True, "float16").with_variants(mask_mod="f00d")
+    assert any("MASK_MOD" in reason for reason in families.violations(gluon.BwdKnobs(), mod, hopper))
 
 
 def test_explain_names_the_variant_problem():
@@ -427,7 +432,7 @@ def test_torch_compile_carries_the_variants():
 
 
 def test_the_variants_launcher_counts_for_its_problems_alone(tmp_path, monkeypatch):
-    """templates/tl/launch_window_softcap_alibi.py is in the fingerprint of problems using one of its variants,
+    """templates/common/launch_window_softcap_alibi.py is in the fingerprint of problems using one of its variants,
     not in plain (or packed) problems': their tuned records stay valid when it changes."""
     import shutil
 
@@ -440,7 +445,7 @@ def test_the_variants_launcher_counts_for_its_problems_alone(tmp_path, monkeypat
         return [codegen.template_fingerprint("tl", direction, v) for v in sets for direction in ("fwd", "bwd")]
     try:
         before = fingerprints()
-        path = tmp_path / "tl" / f"launch_{codegen.FIXED_VARIANTS}.py"
+        path = tmp_path / "common" / f"launch_{codegen.FIXED_VARIANTS}.py"
         path.write_text(path.read_text() + "\n# edit\n")
         changed = [b != a for b, a in zip(before, fingerprints())]
         assert changed == [False, False, True, True, True, True, False, False]

@@ -8,13 +8,14 @@ import itertools
 import pytest
 import torch
 
-from autoflash import codegen
+from autoflash import checks, codegen
 from autoflash.families.gluon.knobs import BwdKnobs, default_knobs, violations
 from autoflash.gpu import KNOWN, current
 from autoflash.problem import Problem
 from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, attention_reference, gradient_errors
 
 from helpers import make_qkv
+from test_attention_variants import CASES as VARIANT_CASES, _slopes as variant_slopes
 from test_bwd_variants import run_variant
 
 pytestmark = pytest.mark.gpu
@@ -64,6 +65,34 @@ def test_group_splits(group_splits, head_dim, causal):
         knobs = BwdKnobs(block_m=64 if head_dim <= 128 else 32, group_splits=group_splits)
         assert not violations(knobs, Problem(*shape, causal, "bfloat16"), H100)
         assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
+
+
+@pytest.mark.parametrize("knobs", [BwdKnobs(), BwdKnobs(group_splits=2), BwdKnobs(block_m=32)], ids=str)
+@pytest.mark.parametrize("case", VARIANT_CASES + [(True, (4096, -1), 0.0, None), (True, (-1, -1), 50.0, None),
+                                                  (True, (256, -1), 30.0, "heads")], ids=str)
+def test_window_softcap_alibi(knobs, case):
+    """The Gluon backward's fixed variants (rendered with their gates) against the fp64 reference's gradients, GQA,
+    ragged and unequal lengths; head dims past 128 in 32-row steps."""
+    causal, window, softcap, alibi = case
+    for i, shape in enumerate([(2, 8, 2, 1000, 1000, 128), (1, 4, 2, 4097, 123, 64), (1, 4, 2, 123, 4097, 64)]
+                              if knobs.block_m == 64 else [(1, 4, 2, 1000, 1000, 256), (1, 2, 1, 123, 777, 192)]):
+        q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", seed=i)
+        slopes = variant_slopes(alibi, q, i)
+        problem = Problem.from_tensors(q, k, causal, window, softcap > 0, slopes is not None)
+        assert not violations(knobs, problem, current(q.device)), violations(knobs, problem, current(q.device))
+        scale = 0.7 / shape[-1] ** 0.5
+        out, lse = attention_reference(q, k, v, causal, scale, window_size=window, softcap=softcap,
+                                       alibi_slopes=slopes)
+        out, lse = out.to(q.dtype), lse.float()
+        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(i)).to(q)
+        grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+        variant = checks.variant_args(problem.causal, problem.window, shape[3], shape[4], softcap, slopes)
+        codegen.load(knobs, problem.gates()).backward(q, k, v, out, lse, dout, *grads, scale, problem.causal,
+                                                      variant=variant)
+        expected = attention_backward_reference(q, k, v, dout, causal, scale, window_size=window, softcap=softcap,
+                                                alibi_slopes=slopes)
+        for name, error in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
+            assert error < GRAD_TOLERANCE[q.dtype], f"{shape} {case}: {name} relative error {error:.2e}"
 
 
 @pytest.mark.parametrize("causal", [False, True])

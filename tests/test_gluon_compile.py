@@ -113,13 +113,18 @@ def test_launcher_refuses_what_tma_cannot_read():
 
 @pytest.mark.parametrize("index", range(len(gluon_bwd_sm90.CASES)))
 def test_backward_compiles_for_sm90(compiled_bwd, index):
-    change, head_dim, dtype, causal = gluon_bwd_sm90.CASES[index]
+    change, head_dim, dtype, causal, *variants = gluon_bwd_sm90.CASES[index]
     knobs = BwdKnobs(**gluon_bwd_sm90.DEFAULT | change)
-    problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype)
+    variants = set(variants[0] if variants else ())
+    problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
+        window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
+        alibi="ALIBI" in variants)
     row = compiled_bwd[index]
     # At d128 S^T, dP^T, P^T's copy, dK and dV take ~232 of a consumer's 240 registers: a few loop scalars
-    # spill (132 B under triton 3.6; NOTES G-bwd3), reloaded once a step.
-    _assert_fits(row, knobs, problem, bwd_shared_memory_bytes(knobs, problem), spill_bytes=256)
+    # spill (132 B under triton 3.6; NOTES G-bwd3), reloaded once a step; softcapping's tanh, live from S^T to
+    # dS^T, 352 B more (NOTES G-bwd15).
+    spill = 512 if "SOFTCAP" in variants and head_dim <= 128 else 256
+    _assert_fits(row, knobs, problem, bwd_shared_memory_bytes(knobs, problem), spill_bytes=spill)
     assert row["wgmma"] >= 5, row  # S^T, dP^T, dV, dK, dQ: asynchronous wgmma each
 
 
@@ -206,6 +211,35 @@ def test_backward_descriptors_per_call(group_splits):
         assert (a.shape, a.strides, a.block_shape, a.layout) == (b.shape, b.strides, b.block_shape, b.layout)
     assert [d.layout.element_bitwidth for d in first[4:7]] == [16 if group_splits == 1 else 32] * 2 + [32]
     assert first[7].shape == [16, 100] and first[4].block_shape == [1, 1, 64, 128]
+
+
+def test_backward_variant_arguments_reach_the_kernel():
+    """The fixed variants' launcher (templates/common/launch_window_softcap_alibi.py) on the Gluon backward's plan:
+    the slopes after the nine descriptors, the window, softcap and the slopes' stride by name; the delta kernel as
+    it is. (No GPU: the plan is built with a `compile` that records what it is given.)"""
+    from autoflash import checks, codegen
+    from autoflash.problem import Problem
+
+    q, k = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16), torch.empty(2, 2, 90, 64, dtype=torch.bfloat16)
+    lse, slopes = torch.empty(2, 4, 100), torch.rand(4)
+    problem = Problem.from_tensors(q, k, True, (30, -1), True, True)
+    variant = checks.variant_args(problem.causal, problem.window, 100, 90, 20.0, slopes)
+    compiled = {}
+
+    def compile(kernel, grid, args, options, tensor_count):
+        compiled[kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__] = (kernel, args, options,
+                                                                                      tensor_count)
+        return lambda *tensors: None
+    kernels = codegen.load(BwdKnobs(), problem.gates())
+    plan = kernels.backward_plan(q, k, k, q, lse, q, q, k, k, 0.125, problem.causal, None, compile=compile,
+                                 variant=variant)
+    plan(q, k, k, q, lse, q, q, k, k, None, slopes)
+    kernel, args, options, tensor_count = compiled["attn_bwd"]
+    named = dict(zip(kernel.arg_names, args)) | options
+    assert tensor_count == 10 and named["Alibi"] is slopes and kernel.arg_names.index("Alibi") == 9
+    assert (named["window_left"], named["window_right"], named["softcap"], named["stride_alibi_b"]) == (30, 0, 20.0, 0)
+    assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
+    assert compiled["_attn_bwd_delta"][3] == 7  # (no variant parameter: launched as the plain plan has it)
 
 
 def test_backward_delta_kernel():

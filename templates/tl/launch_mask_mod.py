@@ -1,5 +1,5 @@
 """Launchers of the `tl` family's kernels for problems with a mask_mod (MASK_MOD: kernels rendered with the user's
-mod, autoflash/mask_mod.py): the fixed variants' plans (`fixed`, templates/tl/launch_window_softcap_alibi.py), each
+mod, autoflash/mask_mod.py): the fixed variants' plans (`fixed`, templates/common/launch_window_softcap_alibi.py), each
 call's variant tensors followed by the mask's block tables. Needs only torch and triton.
 
 A block table lists, per (batch entry, head, block of rows), the blocks of the other axis that the rows' tiles

@@ -126,9 +126,12 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
     why = []
     if problem.variants & {"VARLEN", "PAGED"}:
         why.append("packed sequences and paged caches run in the tl family only")
-    if problem.gates() - problem.variants:
-        why.append(f"the Gluon forward has no attention variants "
-                   f"({', '.join(sorted(problem.gates() - problem.variants))}): the tl family runs them")
+    # The backward renders the fixed variants (window, softcap, ALiBi: templates/gluon/attn_bwd.py.jinja's gates);
+    # the forward none, and neither a mod.
+    unsupported = problem.gates() - problem.variants - ({"WINDOW", "SOFTCAP", "ALIBI"} if knobs.DIRECTION == "bwd"
+                                                        else set())
+    if unsupported:
+        why.append(f"the Gluon {what} has no {', '.join(sorted(unsupported))}: the tl family runs them")
     if gpu.family == "interpreter":
         why.append("Gluon kernels have no interpreter: they run on a Hopper GPU only")
     elif gpu.capability != (9, 0):

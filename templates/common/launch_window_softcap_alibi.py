@@ -1,7 +1,8 @@
-"""Launchers of the `tl` family's kernels for the fixed attention variants (WINDOW, SOFTCAP, ALIBI: kernels rendered
-with their gates): launch.py's plans (`base`, set by the loader, autoflash.resources.launcher), each kernel given
-its variant arguments on the way. A file of its own, named for its variants, so that the fingerprint of plain
-problems' kernels does not count it (codegen.template_fingerprint). Needs only torch and triton.
+"""Launchers of a kernel family's kernels for the fixed attention variants (WINDOW, SOFTCAP, ALIBI: kernels rendered
+with their gates): the family's plans (`base`, its launch.py, and `base_bwd`, its backward's launcher, set by the
+loader, autoflash.resources.launcher), each kernel given its variant arguments on the way. Every family's (the
+`tl` and Gluon ones): a file of its own, named for its variants, so that the fingerprint of plain problems'
+kernels does not count it (codegen.template_fingerprint). Needs only torch and triton.
 
 `variant`, the same for every variant: "tensors", per-call tensors by parameter name (a kernel that names one gets
 it right after its plain tensors; the returned function takes them, in this order, after its own arguments), and
@@ -11,7 +12,8 @@ without variant parameters (the backward's preprocess, the key splits' combine) 
 
 import threading
 
-base = None  # the module of templates/tl/launch.py, set by the loader
+base = None  # the family's launch.py module, set by the loader
+base_bwd = None  # the family's backward launcher (launch_bwd.py, or launch.py), set by the loader
 
 
 def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile, variant):
@@ -27,10 +29,10 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
 
 
 def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile, variant):
-    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *variant tensors)`: launch.py's backward plan, with the
+    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *variant tensors)`: the family's backward plan, with the
     variant's arguments."""
     current = _current(variant)
-    plan = base.backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse,
+    plan = base_bwd.backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse,
                               _with_variant(compile, variant, current))
 
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *tensors):
