@@ -18,6 +18,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
 #                                                                       (after landing branch gbwd-host: NOTES G-bwd8)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-variants $OUT  # branch gbwd-variants: window, softcap,
+#                                                                       ALiBi in the Gluon backward (NOTES G-bwd15)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # branch gbwd-gqa: the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
@@ -96,6 +98,14 @@ gbwd)  # each part under its own limit: a hung kernel (an mbarrier phase wrong) 
         --variants '["default", {"block_n": 128, "warpgroups": 2}, {"num_buffers": 3}]' \
         --out "$out/${day}_h100_gluon_bwd_bench.jsonl" > "$out/${day}_h100_gluon_bwd_bench.log" 2>&1
     echo "gluon bwd bench rc $?"; cat "$out/${day}_h100_gluon_bwd_bench.log" | tail -n 30
+    ;;
+gluon-variants)  # branch gbwd-variants: the Gluon backward's window/softcap/ALiBi, tests then speed (G-bwd15)
+    limit 300 python -m pytest -q -m gpu -n 8 tests/test_gluon_bwd.py -k window_softcap_alibi \
+        tests/test_attention_variants.py -p no:cacheprovider > "$out/${day}_h100_gpu_tests_gluon_variants.log" 2>&1
+    echo "gluon variant tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_variants.log"
+    limit 280 python benchmarks/variants.py --out "$out/${day}_h100_variants_gluon_bwd.jsonl" \
+        > "$out/${day}_h100_variants_gluon_bwd.log" 2>&1
+    echo "variants bench rc $?"; grep -v Warning "$out/${day}_h100_variants_gluon_bwd.log"
     ;;
 variants)
     python benchmarks/variants.py --out "$out/${day}_h100_variants.jsonl" > "$out/${day}_h100_variants.log" 2>&1
