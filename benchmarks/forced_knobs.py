@@ -1,7 +1,8 @@
 """Sweep a knob where nothing is tuned yet (variants, packed sequences, KV caches): `forced_knobs(change)` makes every forward
 dispatch inside the block run its chosen knobs with `change` applied (e.g. {"kv_splits": 8}), so one benchmark run
 times the variants side by side; a change naming a family ({"family": "gluon", "dynamic": true}) applies only where
-that family was chosen. For measuring, not for use: the changed knobs are not checked for validity."""
+that family was chosen, one that also says {"default": true} runs that family's default (with the other changes)
+wherever it has one. For measuring, not for use: the changed knobs are not checked for validity."""
 
 import contextlib
 import json
@@ -9,6 +10,7 @@ from dataclasses import replace
 
 from autoflash import api, varlen
 from autoflash.dispatch import Dispatcher
+from autoflash.families import FAMILIES
 
 
 @contextlib.contextmanager
@@ -17,6 +19,10 @@ def forced_knobs(change: dict):
 
     def for_call(self, problem, gpu, direction, tensors, deterministic=False):
         chosen = original(self, problem, gpu, direction, tensors, deterministic)
+        rest = {name: value for name, value in change.items() if name not in ("family", "default")}
+        if change.get("default") and direction == "fwd":
+            default = FAMILIES[change["family"]].default(problem, gpu, direction)
+            return chosen if default is None else replace(chosen, knobs=replace(default, **rest))
         applies = change and direction == "fwd" and change.get("family", chosen.knobs.family) == chosen.knobs.family
         return replace(chosen, knobs=replace(chosen.knobs, **change)) if applies else chosen
 

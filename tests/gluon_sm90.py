@@ -69,14 +69,18 @@ class _TorchDtype:
 
 
 def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False,
-                 return_lse: bool = True):
-    """The module's `attn_fwd` compiled for sm_90 (triton's CompiledKernel: metadata.shared, asm['ptx'], ...)."""
+                 return_lse: bool = True, variants=()):
+    """The module's `attn_fwd` (rendered with the `variants` gates) compiled for sm_90 (triton's CompiledKernel:
+    metadata.shared, asm['ptx'], ...)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     args = (descriptor(knobs["block_m"], head_dim, dtype), descriptor(knobs["block_n"], head_dim, dtype),
             descriptor(knobs["block_n"], head_dim, dtype), descriptor(knobs["block_m"], head_dim, dtype),
             MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]),
             MockTensor(_TorchDtype("int32"), [1]),  # the tile counter
-            0.1, 4, 2, 1000, 1000, 8, 64, 3)  # scale, heads_q, group, seqlens, tiles_m, tiles, run_heads
+            *((MockTensor(_TorchDtype("float32"), [4]),) if "ALIBI" in variants else ()),  # ALiBi's slopes
+            0.1, 4, 2, 1000, 1000, 8, 64, 3,  # scale, heads_q, group, seqlens, tiles_m, tiles, run_heads
+            *((100, 0 if causal else 30) if "WINDOW" in variants else ()), *((30.0,) if "SOFTCAP" in variants else ()),
+            *((0,) if "ALIBI" in variants else ()))  # window_left, window_right; softcap; ALiBi's batch stride
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
     return compile_kernel(module.attn_fwd, args, options)
 
@@ -120,13 +124,19 @@ def ptxas_report(compiled) -> dict:
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2, pingpong=False, overlap=True,
                consumer_regs=240, producer_regs=24, persistent=True, dynamic=False,
                stage_o_in_q=False)
-# (knob changes, head_dim, dtype, causal, return_lse)
+# (knob changes, head_dim, dtype, causal, return_lse[, variants])
 CASES = [({}, 128, "float16", False, True),
          (dict(q_buffers=2, dynamic=True), 128, "float16", True, True),
          (dict(consumers=3, consumer_regs=160, block_n=64, q_buffers=2), 64, "bfloat16", True, True),
          (dict(consumers=1, overlap=False, persistent=False), 80, "float16", True, False),
          (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", False, True),
-         (dict(pingpong=True, stage_o_in_q=True, num_buffers=3), 128, "float16", True, False)]
+         (dict(pingpong=True, stage_o_in_q=True, num_buffers=3), 128, "float16", True, False),
+         # sliding window, softcapping and ALiBi, each and together; with and without the softmax/PV overlap
+         ({}, 128, "bfloat16", True, True, ["WINDOW"]),
+         (dict(overlap=False, consumers=1, persistent=False), 128, "float16", False, True, ["WINDOW"]),
+         ({}, 128, "bfloat16", True, True, ["SOFTCAP"]),
+         ({}, 128, "bfloat16", False, True, ["ALIBI"]),
+         (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", True, True, ["WINDOW", "SOFTCAP", "ALIBI"])]
 
 
 def report(cases) -> list[dict]:
@@ -134,9 +144,10 @@ def report(cases) -> list[dict]:
     and setmaxnreg instructions in the PTX."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for change, head_dim, dtype, causal, return_lse in cases:
-            knobs = DEFAULT | change
-            compiled = compile_sm90(load(knobs, tmp), knobs, head_dim, dtype, causal, return_lse)
+        for change, head_dim, dtype, causal, return_lse, *variants in cases:
+            knobs, variants = DEFAULT | change, variants[0] if variants else ()
+            compiled = compile_sm90(load(knobs, tmp, variants=variants), knobs, head_dim, dtype, causal, return_lse,
+                                    variants)
             ptx = compiled.asm["ptx"]
             rows.append(dict(shared=compiled.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
                              setmaxnreg=ptx.count("setmaxnreg"), **ptxas_report(compiled)))

@@ -37,6 +37,17 @@ def test_change_reaches_the_forward_and_plans_are_built_again():
     assert relative_error(out, attention_reference(q, k, v)[0]) < 1e-4
 
 
+def test_a_family_default_replaces_the_choice_where_the_family_has_one():
+    q, k, v = (torch.randn(1, 2, 7, 16) for _ in range(3))
+    before = _fwd_knobs()
+    with forced_knobs({"family": "tl", "default": True, "num_warps": 2}):
+        assert _fwd_knobs()["family"] == "tl" and _fwd_knobs()["num_warps"] == 2
+        out = autoflash.attention(q, k, v)
+    with forced_knobs({"family": "gluon", "default": True}):  # none under the interpreter: the choice stands
+        assert _fwd_knobs() == before
+    assert relative_error(out, attention_reference(q, k, v)[0]) < 1e-4
+
+
 def test_changes_of_refuses_what_is_not_a_list_of_objects():
     assert changes_of('[{}, {"kv_splits": 8}]') == [{}, {"kv_splits": 8}]
     try:

@@ -55,11 +55,16 @@ def _assert_fits(row, knobs, problem, shared_estimate, spill_bytes=0):
 
 @pytest.mark.parametrize("index", range(len(gluon_sm90.CASES)))
 def test_compiles_for_sm90(compiled, index):
-    change, head_dim, dtype, causal, _ = gluon_sm90.CASES[index]
+    change, head_dim, dtype, causal, _, *variants = gluon_sm90.CASES[index]
     knobs = FwdKnobs(**gluon_sm90.DEFAULT | change)
-    problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype)
+    variants = set(variants[0] if variants else ())
+    problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
+        window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
+        alibi="ALIBI" in variants)
     row = compiled[index]
-    _assert_fits(row, knobs, problem, shared_memory_bytes(knobs, problem))
+    # (the window's extra loop and the variants' arguments cost a few loop scalars: 24-36 B stored under triton 3.6,
+    # NOTES G7)
+    _assert_fits(row, knobs, problem, shared_memory_bytes(knobs, problem), spill_bytes=128 if variants else 0)
     assert row["setmaxnreg"] > 0 and row["wgmma"] > 0, row  # registers moved between partitions; async wgmma
 
 
@@ -240,6 +245,32 @@ def test_backward_variant_arguments_reach_the_kernel():
     assert (named["window_left"], named["window_right"], named["softcap"], named["stride_alibi_b"]) == (30, 0, 20.0, 0)
     assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
     assert compiled["_attn_bwd_delta"][3] == 7  # (no variant parameter: launched as the plain plan has it)
+
+
+def test_forward_variant_arguments_reach_the_kernel():
+    """The fixed variants' launcher on the Gluon forward's plan: the slopes after its six tensors (descriptors,
+    lse, the tile counter), the window, softcap and the slopes' stride by name."""
+    from autoflash import checks, codegen
+    from autoflash.problem import Problem
+
+    q, k = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16), torch.empty(2, 2, 90, 64, dtype=torch.bfloat16)
+    lse, slopes = torch.empty(2, 4, 100), torch.rand(2, 4)
+    problem = Problem.from_tensors(q, k, False, (30, 10), True, True)
+    variant = checks.variant_args(problem.causal, problem.window, 100, 90, 20.0, slopes)
+    compiled = []
+
+    def compile(kernel, grid, args, options, tensor_count):
+        compiled.append((kernel, args, options, tensor_count))
+        return lambda *tensors: None
+    knobs = FwdKnobs(persistent=False)  # (a persistent grid asks the GPU its SM count)
+    plan = codegen.load(knobs, problem.gates()).forward_plan(q, k, k, q, lse, 0.125, problem.causal, compile=compile,
+                                                              variant=variant)
+    plan(q, k, k, q, lse, slopes)
+    (kernel, args, options, tensor_count), = compiled
+    named = dict(zip(kernel.arg_names, args)) | options
+    assert tensor_count == 7 and named["Alibi"] is slopes and kernel.arg_names.index("Alibi") == 6
+    assert (named["window_left"], named["window_right"], named["softcap"], named["stride_alibi_b"]) == (30, 10, 20.0, 4)
+    assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
 
 
 def test_backward_delta_kernel():

@@ -5,12 +5,13 @@ lse poisoned before each call. Launched through the family's launcher (codegen r
 import pytest
 import torch
 
-from autoflash import codegen
+from autoflash import checks, codegen
 from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, violations
 from autoflash.gpu import current
 from autoflash.problem import Problem
 
 from helpers import assert_matches_reference, make_qkv, poisoned_outputs
+from test_attention_variants import CASES as VARIANT_CASES, _slopes as variant_slopes
 
 pytestmark = pytest.mark.gpu
 
@@ -102,3 +103,25 @@ def test_dynamic_tiles_repeat_and_streams():
                 forward(q, k, v, out, lse)
             stream.synchronize()
             assert_matches_reference(out, lse, q, k, v, True)
+
+
+@pytest.mark.parametrize("variant", ["overlap", "pingpong", "sequential", "dynamic, two q tiles", "o in q"])
+@pytest.mark.parametrize("case", VARIANT_CASES + [(True, (4096, -1), 0.0, None), (True, (-1, -1), 50.0, None),
+                                                  (True, (256, -1), 30.0, "heads")], ids=str)
+def test_window_softcap_alibi(variant, case):
+    """The Gluon forward's fixed variants (rendered with their gates) against the fp64 reference, GQA, ragged and
+    unequal lengths; head dim 256 with O in Q."""
+    causal, window, softcap, alibi = case
+    for i, (shape, knobs) in enumerate([((2, 8, 2, 1000, 1000, 128), FwdKnobs(**VARIANTS[variant])),
+                                        ((1, 4, 2, 4097, 123, 64), FwdKnobs(**VARIANTS[variant])),
+                                        ((1, 4, 2, 123, 4097, 256), FwdKnobs(block_n=64, stage_o_in_q=True))]):
+        q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", seed=i)
+        slopes = variant_slopes(alibi, q, i)
+        problem = Problem.from_tensors(q, k, causal, window, softcap > 0, slopes is not None)
+        assert violations(knobs, problem, current(q.device)) == []
+        out, lse = poisoned_outputs(q)
+        scale = 0.7 / shape[-1] ** 0.5
+        variant_args = checks.variant_args(problem.causal, problem.window, shape[3], shape[4], softcap, slopes)
+        codegen.load(knobs, problem.gates()).forward(q, k, v, out, lse, scale, problem.causal, variant=variant_args)
+        assert_matches_reference(out, lse, q, k, v, causal, scale, window_size=window, softcap=softcap,
+                                 alibi_slopes=slopes)

@@ -126,10 +126,8 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
     why = []
     if problem.variants & {"VARLEN", "PAGED"}:
         why.append("packed sequences and paged caches run in the tl family only")
-    # The backward renders the fixed variants (window, softcap, ALiBi: templates/gluon/attn_bwd.py.jinja's gates);
-    # the forward none, and neither a mod.
-    unsupported = problem.gates() - problem.variants - ({"WINDOW", "SOFTCAP", "ALIBI"} if knobs.DIRECTION == "bwd"
-                                                        else set())
+    # Both directions render the fixed variants (window, softcap, ALiBi: the templates' gates), not a mod.
+    unsupported = problem.gates() - problem.variants - {"WINDOW", "SOFTCAP", "ALIBI"}
     if unsupported:
         why.append(f"the Gluon {what} has no {', '.join(sorted(unsupported))}: the tl family runs them")
     if gpu.family == "interpreter":
