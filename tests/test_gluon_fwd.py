@@ -5,13 +5,13 @@ lse poisoned before each call. Launched through the family's launcher (codegen r
 import pytest
 import torch
 
-from autoflash import checks, codegen
+from autoflash import codegen
 from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, violations
 from autoflash.gpu import current
 from autoflash.problem import Problem
 
 from helpers import assert_matches_reference, make_qkv, poisoned_outputs
-from test_attention_variants import CASES as VARIANT_CASES, _slopes as variant_slopes
+from test_attention_variants import CASES as VARIANT_CASES, run_forward
 
 pytestmark = pytest.mark.gpu
 
@@ -111,17 +111,7 @@ def test_dynamic_tiles_repeat_and_streams():
 def test_window_softcap_alibi(variant, case):
     """The Gluon forward's fixed variants (rendered with their gates) against the fp64 reference, GQA, ragged and
     unequal lengths; head dim 256 with O in Q."""
-    causal, window, softcap, alibi = case
     for i, (shape, knobs) in enumerate([((2, 8, 2, 1000, 1000, 128), FwdKnobs(**VARIANTS[variant])),
                                         ((1, 4, 2, 4097, 123, 64), FwdKnobs(**VARIANTS[variant])),
                                         ((1, 4, 2, 123, 4097, 256), FwdKnobs(block_n=64, stage_o_in_q=True))]):
-        q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", seed=i)
-        slopes = variant_slopes(alibi, q, i)
-        problem = Problem.from_tensors(q, k, causal, window, softcap > 0, slopes is not None)
-        assert violations(knobs, problem, current(q.device)) == []
-        out, lse = poisoned_outputs(q)
-        scale = 0.7 / shape[-1] ** 0.5
-        variant_args = checks.variant_args(problem.causal, problem.window, shape[3], shape[4], softcap, slopes)
-        codegen.load(knobs, problem.gates()).forward(q, k, v, out, lse, scale, problem.causal, variant=variant_args)
-        assert_matches_reference(out, lse, q, k, v, causal, scale, window_size=window, softcap=softcap,
-                                 alibi_slopes=slopes)
+        assert run_forward(knobs, shape, torch.bfloat16, case, seed=i), f"{knobs} cannot run {shape} {case}"
