@@ -20,6 +20,7 @@
 #                                                                       (after landing branch gbwd-host: NOTES G-bwd8)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-variants $OUT  # branch gbwd-variants: window, softcap,
 #                                                                       ALiBi in the Gluon backward (NOTES G-bwd15)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh dq-writer $OUT # branch gbwd-dqwriter: dQ by a warp of its own
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # branch gbwd-gqa: the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
@@ -144,6 +145,11 @@ bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): 
         {"family": "tl", "block_m": 16, "block_n": 128, "num_warps": 8, "num_stages": 4, "causal_split": false}]' \
         --out "$out/${day}_h100_tl_bwd_knobs.jsonl" > "$out/${day}_h100_tl_bwd_knobs.log" 2>&1
     echo "tl bwd knobs rc $?"; tail -n 50 "$out/${day}_h100_tl_bwd_knobs.log"
+    ;;
+dq-writer)  # branch gbwd-dqwriter: dQ's tiles added by a warp of their own, beside the default (NOTES G-bwd16)
+    limit 500 python benchmarks/gluon_bwd.py --bench fa_grid_fp16 --out "$out/${day}_h100_gluon_bwd_dq_writer.jsonl" \
+        --variants '["default", {"dq_writer": true}]' > "$out/${day}_h100_gluon_bwd_dq_writer.log" 2>&1
+    echo "dq writer bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dq_writer.log"
     ;;
 gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much
     limit 240 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py -p no:cacheprovider \

@@ -50,7 +50,7 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     return compile_kernel(module.attn_bwd, args, options)
 
 
-DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1)  # the family's default
+DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, dq_writer=False)  # the family's default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
 # each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
 # same keys with dK's and dV's columns split (32-row steps, dQ^T); GQA groups split over programs
@@ -73,7 +73,12 @@ CASES = [({}, 128, "float16", False),
          ({}, 64, "float16", False, ["SOFTCAP"]),
          ({}, 128, "bfloat16", False, ["ALIBI"]),
          ({}, 128, "bfloat16", True, ["SOFTCAP"]),
-         (dict(block_m=32), 256, "bfloat16", True, ["WINDOW", "SOFTCAP", "ALIBI"])]
+         (dict(block_m=32), 256, "bfloat16", True, ["WINDOW", "SOFTCAP", "ALIBI"]),
+         # dQ's tiles added by a warp of their own, each way of splitting them
+         (dict(dq_writer=True), 128, "bfloat16", True),
+         (dict(dq_writer=True), 64, "float16", False),
+         (dict(dq_writer=True, block_m=128), 32, "bfloat16", True),
+         (dict(dq_writer=True, block_m=32), 256, "bfloat16", True, ["WINDOW"])]
 
 
 def report(cases) -> list[dict]:

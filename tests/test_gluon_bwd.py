@@ -67,7 +67,8 @@ def test_group_splits(group_splits, head_dim, causal):
         assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
 
 
-@pytest.mark.parametrize("knobs", [BwdKnobs(), BwdKnobs(group_splits=2), BwdKnobs(block_m=32)], ids=str)
+@pytest.mark.parametrize("knobs", [BwdKnobs(), BwdKnobs(group_splits=2), BwdKnobs(dq_writer=True), BwdKnobs(block_m=32)],
+                         ids=str)
 @pytest.mark.parametrize("case", VARIANT_CASES + [(True, (4096, -1), 0.0, None), (True, (-1, -1), 50.0, None),
                                                   (True, (256, -1), 30.0, "heads")], ids=str)
 def test_window_softcap_alibi(knobs, case):

@@ -63,6 +63,9 @@ class BwdKnobs(Knobs):
     group_splits: int = knob(1, (1, 2, 4, 8), "programs sharing a KV head's group of query heads (GQA), each walking "
                                               "group / group_splits of them and adding its dK, dV into fp32 sums "
                                               "(TMA reduce-add); 1: one program sums the group in registers")
+    dq_writer: bool = knob(False, (False, True), "a 1-warp partition adds dQ's tiles by TMA from two shared slots a "
+                                                 "consumer (the consumers hand them over by mbarrier); else each "
+                                                 "consumer adds its own tile, waiting for the last one's reduce")
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
@@ -92,13 +95,14 @@ def bwd_tiles(knobs: BwdKnobs, head_dim: int) -> tuple[int, int, int, int]:
 
 def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
     """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, two dS^T tiles of each consumer's keys, each
-    consumer's fp32 share of dQ. Measured on sm_90 compiles (NOTES G-bwd3, G-bwd6): d128, 2 warpgroups, 2 slots
+    consumer's fp32 share of dQ (two with dq_writer). Measured on sm_90 compiles (NOTES G-bwd3, G-bwd6): d128, 2 warpgroups, 2 slots
     of 64 rows: 198080 B (this gives 198656); d64: 132512 (133120); d256 in 32-row steps: 181184 (182272)."""
     d, size = head_dim_pad(problem.head_dim), problem.element_size
     block_n, _, dq_rows, dq_cols = bwd_tiles(knobs, problem.head_dim)
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
     ds = 2 * 64 * knobs.warpgroups * knobs.block_m * size
-    return 2 * block_n * d * size + ring + ds + 4 * knobs.warpgroups * dq_rows * dq_cols + MBARRIER_BYTES
+    dq = 4 * knobs.warpgroups * dq_rows * dq_cols * (2 if knobs.dq_writer else 1)
+    return 2 * block_n * d * size + ring + ds + dq + MBARRIER_BYTES
 
 
 def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
