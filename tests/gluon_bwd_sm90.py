@@ -64,9 +64,9 @@ CASES = [({}, 128, "float16", False),
          (dict(warpgroups=1), 128, "bfloat16", False),
          (dict(block_m=32), 256, "float16", True),
          (dict(block_m=32), 192, "bfloat16", False),
-         # a KV head's two query heads in two programs, dK and dV added in fp32
+         # a KV head's query heads over two or four programs (the defaults under GQA), dK and dV added in fp32
          (dict(group_splits=2), 128, "bfloat16", True),
-         (dict(group_splits=2), 64, "float16", False),
+         (dict(group_splits=4), 64, "float16", False),
          (dict(group_splits=2, block_m=32), 256, "bfloat16", True),
          # sliding window, softcapping and ALiBi, each and together
          ({}, 128, "bfloat16", True, ["WINDOW"]),

@@ -58,7 +58,7 @@ def test_compiles_for_sm90(compiled, index):
     change, head_dim, dtype, causal, _, *variants = gluon_sm90.CASES[index]
     knobs = FwdKnobs(**gluon_sm90.DEFAULT | change)
     variants = set(variants[0] if variants else ())
-    problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
+    problem = Problem(2, 8, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
         window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
         alibi="ALIBI" in variants)
     row = compiled[index]
@@ -121,7 +121,7 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
     change, head_dim, dtype, causal, *variants = gluon_bwd_sm90.CASES[index]
     knobs = BwdKnobs(**gluon_bwd_sm90.DEFAULT | change)
     variants = set(variants[0] if variants else ())
-    problem = Problem(2, 4, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
+    problem = Problem(2, 8, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
         window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
         alibi="ALIBI" in variants)
     row = compiled_bwd[index]
@@ -147,7 +147,7 @@ def test_backward_cases_cover_the_defaults():
     for head_dim in (64, 128):
         default = default_knobs(_problem(head_dim), H100, "bwd").as_point()
         assert any(gluon_bwd_sm90.DEFAULT | change == {k: v for k, v in default.items() if k != "family"}
-                   and case_dim == head_dim for change, case_dim, _, _ in gluon_bwd_sm90.CASES)
+                   and case_dim == head_dim for change, case_dim, *_ in gluon_bwd_sm90.CASES)
 
 
 @pytest.mark.parametrize("knobs, problem, gpu, reason", [
