@@ -84,13 +84,15 @@ def why_untuned(url: str, problem: Problem, gpu_family: str, direction: str = "f
 
 
 def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], direction: str = "fwd") -> Choice:
-    """Exact match, then nearest neighbour with the problem's own variants (packed, paged or dense), then nearest
-    of any, each source by source; then the default."""
+    """Exact match, then nearest neighbour with the problem's own variants (packed, paged or dense), then, for a
+    packed or paged problem, nearest of any, each source by source; then the default. A dense problem never takes
+    a packed one's knobs: tuned for the packed kernels' tables and loads, they ran a dense 32k GQA causal forward
+    at 490 TFLOP/s where the Gluon default runs 657 (NOTES 58)."""
     for url, records in sources:
         for record in records:
             if record.problem == problem:
                 return Choice(record.knobs, url, record, "exact problem tuned")
-    for alike in (True, False):
+    for alike in (True, False) if problem.variants else (True, ):
         for url, records in sources:
             near = [(d, r) for r in records if (r.problem.variants == problem.variants or not alike)
                     and (d := problem.distance(r.problem)) is not None]

@@ -407,11 +407,12 @@ def test_the_tl_and_gluon_families_run_variants():
     assert not families.violations(FwdKnobs(), problem, hopper)
     why = families.violations(fa1.FwdKnobs(), problem, hopper)
     assert any("SOFTCAP, WINDOW" in reason for reason in why), why
-    assert families.default_knobs(problem, hopper).family == "tl"  # (the forward's default order: tl first)
-    if gluon.knobs.gluon_available():  # and the backward's default on Hopper (families.DEFAULT_ORDER)
+    if gluon.knobs.gluon_available():  # and both directions' defaults on Hopper (families.default_order)
         assert not families.violations(gluon.FwdKnobs(), problem, hopper)
         assert not families.violations(gluon.BwdKnobs(), problem, hopper)
+        assert families.default_knobs(problem, hopper, "fwd").family == "gluon"
         assert families.default_knobs(problem, hopper, "bwd").family == "gluon"
+    assert families.default_knobs(problem, hopper, "fwd", skip=frozenset({"gluon"})).family == "tl"
     mod = Problem(1, 8, 8, 1024, 1024, 128, True, "float16").with_variants(mask_mod="f00d")
     assert any("MASK_MOD" in reason for reason in families.violations(gluon.BwdKnobs(), mod, hopper))
 

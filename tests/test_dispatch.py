@@ -234,7 +234,9 @@ def test_an_untuned_backward_on_hopper_runs_gluons_default_and_tls_where_gluon_r
     assert plain.source == "default" and plain.knobs == gluon.default_knobs(BASE, h200, "bwd")
     assert deterministic.source == "default" and deterministic.knobs.family == "tl"
     assert deterministic.knobs.dq == "separate" and "Gluon backward adds dQ with atomics" in deterministic.reason
-    assert families.default_knobs(BASE, h200, "fwd").family == "tl"
+    assert families.default_knobs(BASE, h200, "fwd").family == "gluon"  # from 512 queries
+    assert families.default_knobs(dataclasses.replace(BASE, seqlen_q=257), h200, "fwd").family == "tl"  # below
     assert families.default_knobs(BASE, KNOWN_A100, "bwd").family == "tl"  # no Gluon off Hopper
     for direction in families.DIRECTIONS:
         assert sorted(families.DEFAULT_ORDER[direction]) == sorted(f.name for f in families.implementing(direction))
+    assert sorted(families.SHORT_FWD_ORDER) == sorted(families.DEFAULT_ORDER["fwd"])

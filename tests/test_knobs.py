@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from autoflash.families import check, default_knobs, fa1, knobs_from_json, not_worth_timing, violations
+from autoflash.families import check, fa1, knobs_from_json, not_worth_timing, violations
+from autoflash.families.tl.defaults import default_knobs  # tl's own (Hopper's forward tries Gluon's first)
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.families.tl.limits import column_tiles, grid_y, programs, shared_memory_bytes
 from autoflash.gpu import INTERPRETER, Gpu

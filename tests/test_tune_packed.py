@@ -98,6 +98,14 @@ def test_dispatch_prefers_tuned_packed_problems_over_nearer_dense_ones():
     assert dispatch.choose(paged, INTERPRETER, [("pages.db", pages)]).knobs.block_n == 32
 
 
+def test_dispatch_never_gives_a_dense_problem_packed_knobs():
+    dense = Problem(1, 4, 4, 4096, 4096, 64, True, "float16")
+    packed = Record(replace(dense, batch=8, variants=VARLEN), FwdKnobs(block_m=32), 1.0, 1.0)
+    choice = dispatch.choose(dense, INTERPRETER, [("packed.db", [packed])])
+    assert choice.tuned is None and "nothing comparable tuned" in choice.reason
+    assert choice.knobs == families.default_knobs(dense, INTERPRETER, "fwd")
+
+
 def test_tuned_varlen_and_kvcache_problems_are_shown_and_dispatched(tmp_path, monkeypatch):
     shapes = tmp_path / "packed.yaml"
     shapes.write_text("problems:\n"

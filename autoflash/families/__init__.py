@@ -16,10 +16,19 @@ FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
 )}
 DIRECTIONS = ("fwd", "bwd")
 # For a problem nothing was tuned for, the first family in this order with a default for it (tuned records
-# choose among all families by measured time). The backward tries gluon first: on Hopper its default ran
-# 0.84-0.98x plain SDPA over the FA grid where tl's ran 0.57-0.68x (H200, one run, NOTES G-bwd4); elsewhere
-# (another GPU, the interpreter, attention variants) gluon has no default and tl's runs.
-DEFAULT_ORDER = {"fwd": ("tl", "gluon", "fa1"), "bwd": ("gluon", "tl")}
+# choose among all families by measured time). Gluon first: on Hopper its backward default ran 0.84-0.98x plain
+# SDPA over the FA grid where tl's ran 0.57-0.68x (H200, NOTES G-bwd4), and its forward's tuned records beat
+# tl's on the H100 from 512 queries (by 0-2% at worst: short causal) while its default ran window, softcap and
+# ALiBi 1.09-1.45x faster than tl's (NOTES 58); below 512 queries the forward tries tl first (decode, 257
+# tokens: its small tiles and key splits won). Elsewhere (another GPU, the interpreter, packed sequences, mods)
+# gluon has no default and tl's runs.
+DEFAULT_ORDER = {"fwd": ("gluon", "tl", "fa1"), "bwd": ("gluon", "tl")}
+SHORT_FWD_ORDER, SHORT_FWD_QUERIES = ("tl", "gluon", "fa1"), 512  # the forward's order below 512 queries
+
+
+def default_order(problem: Problem, direction: str) -> tuple[str, ...]:
+    short = direction == "fwd" and problem.seqlen_q < SHORT_FWD_QUERIES
+    return SHORT_FWD_ORDER if short else DEFAULT_ORDER[direction]
 
 
 def of(knobs: Knobs) -> KernelFamily:
@@ -54,9 +63,9 @@ def knobs_from_json(direction: str, text: str) -> Knobs:
 
 
 def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd", skip: frozenset[str] = frozenset()) -> Knobs:
-    """The heuristic variant of the first family in `DEFAULT_ORDER` (but those in `skip`: a call they refused)
+    """The heuristic variant of the first family in `default_order` (but those in `skip`: a call they refused)
     that has one for `problem` on `gpu`."""
-    for name in DEFAULT_ORDER[direction]:
+    for name in default_order(problem, direction):
         knobs = None if name in skip else FAMILIES[name].default(problem, gpu, direction)
         if knobs is not None:
             return knobs

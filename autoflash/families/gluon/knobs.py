@@ -210,7 +210,7 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
     without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
     the family cannot run the problem. The backward (every untuned backward's default where it runs:
-    autoflash.families.DEFAULT_ORDER): two consumer warpgroups, 64-row steps (32 past head dim
+    autoflash.families.default_order): two consumer warpgroups, 64-row steps (32 past head dim
     128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA a KV head's query
     heads split over 4 programs at head dim 64, 2 past it (NOTES G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain
     SDPA -> 0.89-0.93x)."""
