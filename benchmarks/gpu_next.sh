@@ -17,11 +17,11 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-tma $OUT # packed sequences through descriptors (NOTES 55)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
-#                                                                       (after landing branch gbwd-host: NOTES G-bwd8)
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-variants $OUT  # branch gbwd-variants: window, softcap,
+#                                                                       (after a Gluon backward template change: NOTES G-bwd8, G-bwd17)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-variants $OUT  # window, softcap,
 #                                                                       ALiBi in the Gluon backward (NOTES G-bwd15)
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh dq-writer $OUT # branch gbwd-dqwriter: dQ by a warp of its own
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # branch gbwd-gqa: the Gluon backward's GPU
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh dq-writer $OUT # dQ by a warp of its own (NOTES G-bwd16)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
 # On the 2-GPU kind (nvidia-h200-x2):
@@ -100,7 +100,7 @@ gbwd)  # each part under its own limit: a hung kernel (an mbarrier phase wrong) 
         --out "$out/${day}_h100_gluon_bwd_bench.jsonl" > "$out/${day}_h100_gluon_bwd_bench.log" 2>&1
     echo "gluon bwd bench rc $?"; cat "$out/${day}_h100_gluon_bwd_bench.log" | tail -n 30
     ;;
-gluon-variants)  # branch gbwd-variants: the Gluon backward's window/softcap/ALiBi, tests then speed (G-bwd15)
+gluon-variants)  # the Gluon backward's window/softcap/ALiBi, tests then speed (G-bwd15)
     limit 300 python -m pytest -q -m gpu -n 8 tests/test_gluon_bwd.py -k window_softcap_alibi \
         tests/test_attention_variants.py -p no:cacheprovider > "$out/${day}_h100_gpu_tests_gluon_variants.log" 2>&1
     echo "gluon variant tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_variants.log"
@@ -146,7 +146,7 @@ bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): 
         --out "$out/${day}_h100_tl_bwd_knobs.jsonl" > "$out/${day}_h100_tl_bwd_knobs.log" 2>&1
     echo "tl bwd knobs rc $?"; tail -n 50 "$out/${day}_h100_tl_bwd_knobs.log"
     ;;
-dq-writer)  # branch gbwd-dqwriter: dQ's tiles added by a warp of their own, beside the default (NOTES G-bwd16)
+dq-writer)  # dQ's tiles added by a warp of their own, beside the default (NOTES G-bwd16)
     limit 500 python benchmarks/gluon_bwd.py --bench fa_grid_fp16 --out "$out/${day}_h100_gluon_bwd_dq_writer.jsonl" \
         --variants '["default", {"dq_writer": true}]' > "$out/${day}_h100_gluon_bwd_dq_writer.log" 2>&1
     echo "dq writer bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dq_writer.log"
