@@ -51,9 +51,21 @@ def leave_one_out(times, gpu, direction):
         chosen = choose(problem, gpu, [("loo", others)], direction)
         knobs = families.of(chosen.knobs).fit(chosen.knobs, problem, gpu) or chosen.knobs
         ms = times[problem].get(knobs.to_json())
+        default = families.default_knobs(problem, gpu, direction)  # what an untuned problem would run instead
+        default_ms = times[problem].get(default.to_json())
         rows.append(dict(problem=problem.label(), reason=chosen.reason, knobs=knobs.to_json(),
-                         fraction=None if ms is None else best[problem][1] / ms))
+                         fraction=None if ms is None else best[problem][1] / ms,
+                         default_fraction=None if default_ms is None else best[problem][1] / default_ms))
     return rows
+
+
+def summary(fractions) -> str:
+    known = sorted(f for f in fractions if f is not None)
+    if not known:
+        return "timed on none"
+    p10 = statistics.quantiles(known, n=10, method="inclusive")[0] if len(known) > 1 else known[0]
+    return (f"timed on {len(known)}: fraction of the best's speed median {statistics.median(known):.3f}, "
+            f"p10 {p10:.3f}, min {known[0]:.3f}")
 
 
 def main():
@@ -64,11 +76,11 @@ def main():
     args = parser.parse_args()
     for direction in ("fwd", "bwd"):
         rows = leave_one_out(timed(args.db, args.gpu, direction), KNOWN[args.gpu], direction)
-        known = sorted(r["fraction"] for r in rows if r["fraction"] is not None)
-        p10 = statistics.quantiles(known, n=10, method="inclusive")[0] if len(known) > 1 else float("nan")
-        print(f"{direction}: {len(rows)} problems; chosen variant timed on the problem in {len(known)}: "
-              f"fraction of the best's speed median {statistics.median(known) if known else float('nan'):.3f}, "
-              f"p10 {p10:.3f}, min {known[0] if known else float('nan'):.3f}")
+        print(f"{direction}: {len(rows)} problems; dispatch's choice {summary(r['fraction'] for r in rows)}")
+        print(f"  the heuristic default instead {summary(r['default_fraction'] for r in rows)}")
+        both = [r for r in rows if r["fraction"] is not None and r["default_fraction"] is not None]
+        print(f"  where both were timed ({len(both)}): dispatch's {summary(r['fraction'] for r in both)}; "
+              f"the default's {summary(r['default_fraction'] for r in both)}")
         for row in rows:
             if row["fraction"] is None or row["fraction"] < 0.85:
                 print(f"  {row['problem']:34s} {row['fraction'] or 'untimed'!s:>8.8}  {row['reason']}")

@@ -20,8 +20,9 @@ DIRECTIONS = ("fwd", "bwd")
 # SDPA over the FA grid where tl's ran 0.57-0.68x (H200, NOTES G-bwd4), and its forward's tuned records beat
 # tl's on the H100 from 512 queries (by 0-2% at worst: short causal) while its default ran window, softcap and
 # ALiBi 1.09-1.45x faster than tl's (NOTES 58); below 512 queries the forward tries tl first (decode, 257
-# tokens: its small tiles and key splits won). Elsewhere (another GPU, the interpreter, packed sequences, mods)
-# gluon has no default and tl's runs.
+# tokens: its small tiles and key splits won). The backward keeps Gluon first at every length: timed on the
+# database's short problems (decode, 128-1000 tokens), its default beat tl's on all but three (NOTES 58).
+# Elsewhere (another GPU, the interpreter, packed sequences, mods) gluon has no default and tl's runs.
 DEFAULT_ORDER = {"fwd": ("gluon", "tl", "fa1"), "bwd": ("gluon", "tl")}
 SHORT_FWD_ORDER, SHORT_FWD_QUERIES = ("tl", "gluon", "fa1"), 512  # the forward's order below 512 queries
 
