@@ -2,8 +2,8 @@
 then the one shipped in `tuning_db/`, then the heuristic default.
 
 Within a source, the exact problem wins; failing that, the nearest tuned problem with the same
-dtype, head dim, causal flag and GQA ratio (`Problem.distance`), those with the call's own variants (packed
-sequences, paged caches, or neither) in every source before the others. Only records of this GPU family and of the
+dtype, head dim, causal flag and GQA ratio (`Problem.distance`) within MAX_DISTANCE, those with the call's own
+variants (packed sequences, paged caches, or neither) in every source before the others. Only records of this GPU family and of the
 templates this code renders (every kernel family's current fingerprint) count. Each source is read once per
 process (one query per kernel family); `autoflash.attention` keeps the choice per call signature, so after
 the first call of a signature dispatch touches neither a database nor this module.
@@ -22,6 +22,11 @@ from autoflash.gpu import Gpu
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.resources import data_dir
+
+
+# Farther than this (log2 steps of lengths and batch x heads summed: 256x) a neighbour's winner did worse than
+# the heuristic default on the H100 database, left one out (NOTES 59: backward min 0.376 -> 0.852).
+MAX_DISTANCE = 8.0
 
 
 @dataclass(frozen=True)
@@ -95,13 +100,13 @@ def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], 
     for alike in (True, False) if problem.variants else (True, ):
         for url, records in sources:
             near = [(d, r) for r in records if (r.problem.variants == problem.variants or not alike)
-                    and (d := problem.distance(r.problem)) is not None]
+                    and (d := problem.distance(r.problem)) is not None and d <= MAX_DISTANCE]
             if near:
                 d, record = min(near, key=lambda item: item[0])
                 kind = "" if record.problem.variants == problem.variants else \
                     f"{'+'.join(sorted(record.problem.variants)).lower() or 'dense'} "
                 return Choice(record.knobs, url, record, f"nearest tuned {kind}problem (log2 distance {d:.2f})")
-    return _default(problem, gpu, direction, "nothing comparable tuned")
+    return _default(problem, gpu, direction, f"nothing comparable tuned within {MAX_DISTANCE:g} log2 steps")
 
 
 class Dispatcher:

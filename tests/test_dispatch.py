@@ -49,6 +49,11 @@ def test_exact_then_nearest_then_default(tuned_db):
     assert near.knobs == NEAR and near.reason.startswith("nearest") and near.source == tuned_db
     other_kind = d.choice(dataclasses.replace(BASE, head_dim=64), H100)
     assert other_kind.source == "default" and other_kind.tuned is None
+    # 16 tokens: 8 log2 steps from BASE's 4096 in each of the lengths, past dispatch.MAX_DISTANCE
+    far = d.choice(dataclasses.replace(BASE, seqlen_q=16, seqlen_k=16), H100)
+    assert far.source == "default" and far.tuned is None and "nothing comparable" in far.reason
+    within = d.choice(dataclasses.replace(BASE, seqlen_q=256, seqlen_k=256), H100)  # 4 + 4 steps
+    assert within.knobs.block_n == FAST.block_n and within.reason.endswith("(log2 distance 8.00)")
 
 
 def test_other_gpus_and_templates_are_ignored(tuned_db):
