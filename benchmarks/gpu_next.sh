@@ -24,6 +24,9 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh deep-bwd $OUT   # the FA grid's backward searched on to 10 trials
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh deep-fwd $OUT   # a family (a rerun resumes), merged, benched; forward too
+#                                                                       (NOTES 60)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -177,6 +180,19 @@ bwd-all)  # every shipped backward file retuned on the current templates (a gluo
         echo "bench $f rc $?"
     done
     ;;
+deep-bwd|deep-fwd)  # NOTES 60: the records hold 2-4 trials a family (the default and the last winner); search
+                    # on from them (the studies resume), stopped before the call's limit, then the grid's bench
+    mode=${step#deep-} db=/tmp/deep_$mode.db
+    [ -f "$db" ] || cp tuning_db/h100.db "$db"
+    limit -s INT "${RETUNE_S:-400}" python -m autoflash tune --gpu h100 --mode "$mode" --shapes examples/fa_grid.yaml \
+        --trials "${TRIALS:-10}" --db "$db" > "$out/${day}_h100_deep_$mode.log" 2>&1
+    echo "deep $mode tune rc $?"; tail -n 30 "$out/${day}_h100_deep_$mode.log"
+    python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
+    cp tuning_db/h100.db "$out/h100.db"
+    limit 120 python -m autoflash bench --shapes examples/fa_grid.yaml --mode "$mode" \
+        --out "$out/${day}_h100_bench_fa_grid_${mode}_deep.jsonl" > "$out/${day}_h100_bench_fa_grid_${mode}_deep.log" 2>&1
+    echo "bench rc $?"; tail -n 28 "$out/${day}_h100_bench_fa_grid_${mode}_deep.log"
+    ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
     python -m pytest -q -m gpu tests/test_ring_attention.py -k two_gpus 2>&1 | tail -n 2
@@ -192,6 +208,6 @@ ring-dynamic)  # R2: the ring's forward steps with tiles claimed from a counter,
     echo "ring-dynamic rc $?"; grep '"speed"' "$out/${day}_ring_attention_dynamic.jsonl"
     ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss ring ring-dynamic" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss bwd-all gluon-variants dq-writer gqa deep-bwd deep-fwd ring ring-dynamic" >&2; exit 2
     ;;
 esac
