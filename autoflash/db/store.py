@@ -216,7 +216,12 @@ class Store:
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is not one of {STATUSES}")
         with Session(self.engine) as s:
-            row = TrialRow(gpu=self._gpu(s, gpu), problem=self._problem(s, problem),
+            problem_row = self._problem(s, problem)
+            s.flush()
+            # Under the claims' lock: a claimer reads trials and claims in two statements, and a trial recorded
+            # (its claim deleted) between them would be in neither: one trial too many (PostgreSQL, read committed)
+            _lock(s, problem_row.id)
+            row = TrialRow(gpu=self._gpu(s, gpu), problem=problem_row,
                            variant=self._variant(s, knobs_json, fingerprint, direction), status=status,
                            median_ms=median_ms,
                            tflops=problem.flops(direction) / median_ms * 1e-9 if median_ms else None,
@@ -233,7 +238,7 @@ class Store:
               ) -> tuple[list[str], list[str]]:
         """Claim for this process the variants (knobs JSON) of `knobs` that `problem` has no trial of on `gpu`'s
         family and no other tuner claims, as many as keep its trials and claims within `limit`: (claimed, claimed
-        by others). Claimers of one problem take turns (the first statement locks its row), so that concurrent
+        by others). Claimers and recorders of one problem take turns (`_lock`: its row), so that concurrent
         tuners never time a variant twice nor overshoot `limit`. A claim of a process gone from this host, or older
         than CLAIM_EXPIRY (another host's), is dropped: a killed tuner's variants are timed by the next one."""
         with Session(self.engine) as s:
@@ -241,7 +246,7 @@ class Store:
             variants = {k: self._variant(s, k, fingerprint, direction).id for k in knobs}
             s.commit()
         with Session(self.engine) as s:
-            s.execute(update(ProblemRow).where(ProblemRow.id == problem_id).values(key=ProblemRow.key))  # the lock
+            _lock(s, problem_id)
             timed = set(s.scalars(self._trials(gpu.family, fingerprint, direction, VariantRow.knobs)
                                   .where(ProblemRow.id == problem_id, TrialRow.status != "no_valid_variant")))
             claims = s.execute(select(ClaimRow.id, VariantRow.knobs, ClaimRow.host, ClaimRow.pid, ClaimRow.created_at)
@@ -275,7 +280,7 @@ class Store:
             problem_id = self._problem(s, problem).id
             s.commit()
         with Session(self.engine) as s:
-            s.execute(update(ProblemRow).where(ProblemRow.id == problem_id).values(key=ProblemRow.key))  # the lock
+            _lock(s, problem_id)
             s.execute(delete(ProblemClaimRow).where(*self._problem_claim(gpu, problem_id, direction),
                                                     ProblemClaimRow.expires_at <= _now()))
             if s.scalars(select(ProblemClaimRow.id).where(*self._problem_claim(gpu, problem_id, direction))).first():
@@ -482,6 +487,12 @@ def _gpu_of(row: GpuRow) -> Gpu:
 # A claim older than this is taken for abandoned even where its process cannot be asked (another host): longer
 # than a batch of trials at the default --trial-timeout takes.
 CLAIM_EXPIRY = timedelta(hours=1)
+
+
+def _lock(s: Session, problem_id: int) -> None:
+    """Hold the problem's row until the session commits: its claims, problem claims and trials change one
+    writer at a time (a no-op update takes the row lock on PostgreSQL, the database's on SQLite)."""
+    s.execute(update(ProblemRow).where(ProblemRow.id == problem_id).values(key=ProblemRow.key))
 
 
 def _abandoned(host: str, pid: int, created_at: datetime) -> bool:

@@ -126,3 +126,32 @@ def test_four_tuners_on_one_postgresql_database(tmp_path, postgres_server):
     url = postgres_server.format(name)
     tune_four_at_once(tmp_path, url)
     assert_exact(timed_per_problem(url))
+
+
+def test_a_trial_waits_for_a_claimer_reading_the_problem(postgres_server):
+    """The race behind a 5th trial of 4 (PostgreSQL reads each statement anew): a claimer read the trials, a
+    tuner then recorded one and dropped its claim, and the claimer's read of the claims saw neither. A trial is
+    now recorded under the claimers' lock: it waits until the claimer has read both and committed."""
+    import threading
+
+    import psycopg
+
+    name = f"lock_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_server.format("postgres").replace("+psycopg", ""), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    store, problem = Store(postgres_server.format(name)), Problem(1, 1, 1, 16, 16, 16, True, "float16")
+    fingerprint = codegen.template_fingerprint("tl")
+    with Session(store.engine) as s:
+        problem_id = store._problem(s, problem).id
+        s.commit()
+    recorded = threading.Event()
+    with Session(store.engine) as claimer:
+        stores._lock(claimer, problem_id)  # a claimer between its two reads
+        thread = threading.Thread(target=lambda: (store.record_trial(INTERPRETER, problem, '{"block_m": 16}',
+                                                                     fingerprint, "ok", 1.0), recorded.set()))
+        thread.start()
+        assert not recorded.wait(1.0), "a trial landed while a claimer held the problem"
+        claimer.commit()
+    thread.join(timeout=30)
+    assert recorded.is_set()
+    store.close()
