@@ -2,6 +2,7 @@
 register spills), its knobs refuse what it cannot run, its launchers refuse tensors TMA cannot read; the backward's
 delta kernel (plain Triton) runs in the interpreter."""
 
+import dataclasses
 import json
 import math
 import os
@@ -294,3 +295,14 @@ def test_backward_delta_kernel():
                                torch.where(lse == -math.inf, 0.0, lse * math.log2(math.e)))
     assert lse2[:, seqlen:].isnan().all() and delta[:, seqlen:].isnan().all(), "the padding is not written"
     assert (dq == 0).all()
+
+
+def test_backward_default_splits_groups_only_for_long_causal_attention():
+    """GQA's query heads split over programs where the causal band leaves programs unequal (2k queries and
+    more, no window): decode ran 0.32-0.70x and full attention 0.94-1.02x split (NOTES 59)."""
+    causal = Problem(1, 32, 4, 4096, 4096, 128, True, "bfloat16")
+    assert default_knobs(causal, H100, "bwd").group_splits == 2
+    assert default_knobs(dataclasses.replace(causal, head_dim=64), H100, "bwd").group_splits == 4
+    for unsplit in (dataclasses.replace(causal, causal=False), dataclasses.replace(causal, seqlen_q=1),
+                    causal.with_variants(window_size=(1024, 0)), dataclasses.replace(causal, heads_kv=32)):
+        assert default_knobs(unsplit, H100, "bwd").group_splits == 1, unsplit

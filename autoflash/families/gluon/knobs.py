@@ -212,12 +212,14 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     the family cannot run the problem. The backward (every untuned backward's default where it runs:
     autoflash.families.default_order): two consumer warpgroups, 64-row steps (32 past head dim
     128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
-    from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past it (NOTES G-bwd13: GQA
-    8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x unsplit,
-    full 0.94-1.02x, decode 0.32-0.70x: NOTES 59)."""
+    (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past it (NOTES
+    G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
+    unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59). Splits balance the causal band's unequal programs; a
+    window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit, 454-475 split, NOTES 59)."""
     if direction == "bwd":
         d = head_dim_pad(problem.head_dim)
-        group = problem.heads_q // problem.heads_kv if problem.causal and problem.seqlen_q >= 2048 else 1
+        split = problem.causal and problem.window == (-1, -1) and problem.seqlen_q >= 2048
+        group = problem.heads_q // problem.heads_kv if split else 1
         splits = math.gcd(group, 4 if d <= 64 else 2)
         knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits)
         if violations(knobs, problem, gpu):
