@@ -216,22 +216,19 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
     unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59). Splits balance the causal band's unequal programs; a
     window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit, 454-475 split, NOTES 59)."""
+    d = head_dim_pad(problem.head_dim)
     if direction == "bwd":
-        d = head_dim_pad(problem.head_dim)
         split = problem.causal and problem.window == (-1, -1) and problem.seqlen_q >= 2048
         group = problem.heads_q // problem.heads_kv if split else 1
-        splits = math.gcd(group, 4 if d <= 64 else 2)
-        knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits)
-        if violations(knobs, problem, gpu):
-            knobs = replace(knobs, group_splits=1)
-        return None if violations(knobs, problem, gpu) else knobs
-    d = head_dim_pad(problem.head_dim)
-    three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
-    knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
-                     consumer_regs=160 if three else 240, dynamic=problem.causal, stage_o_in_q=d > 128, q_buffers=2)
-    if violations(knobs, problem, gpu):
-        knobs = replace(knobs, q_buffers=1)
-    return None if violations(knobs, problem, gpu) else knobs
+        knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=math.gcd(group, 4 if d <= 64 else 2))
+        fallback = replace(knobs, group_splits=1)
+    else:
+        three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
+        knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
+                         consumer_regs=160 if three else 240, dynamic=problem.causal, stage_o_in_q=d > 128,
+                         q_buffers=2)
+        fallback = replace(knobs, q_buffers=1)
+    return next((k for k in (knobs, fallback) if not violations(k, problem, gpu)), None)
 
 
 def fit(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | BwdKnobs | None:
