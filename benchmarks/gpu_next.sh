@@ -27,6 +27,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh deep-bwd $OUT   # the FA grid's backward searched on to 10 trials
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh deep-fwd $OUT   # a family (a rerun resumes), merged, benched; forward too
 #                                                                       (NOTES 60)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-varlen $OUT  # branch gfwd-varlen: the Gluon forward over
+#                                                                       packed sequences, tests then speed (NOTES V3)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -192,6 +194,14 @@ deep-bwd|deep-fwd)  # NOTES 60: the records hold 2-4 trials a family (the defaul
     limit 120 python -m autoflash bench --shapes examples/fa_grid.yaml --mode "$mode" \
         --out "$out/${day}_h100_bench_fa_grid_${mode}_deep.jsonl" > "$out/${day}_h100_bench_fa_grid_${mode}_deep.log" 2>&1
     echo "bench rc $?"; tail -n 28 "$out/${day}_h100_bench_fa_grid_${mode}_deep.log"
+    ;;
+gluon-varlen)  # branch gfwd-varlen: the Gluon forward's VARLEN gate (NOTES V3), correctness first
+    limit 240 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py -p no:cacheprovider \
+        > "$out/${day}_h100_gpu_tests_gluon_varlen.log" 2>&1
+    echo "varlen gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_varlen.log" | tail
+    limit 240 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_gluon.jsonl" \
+        --knobs '[{}, {"family": "gluon", "default": true}, {"family": "gluon", "default": true, "q_buffers": 1}]' \
+        2>&1 | grep -v Warn
     ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast

@@ -80,7 +80,10 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
             *((MockTensor(_TorchDtype("float32"), [4]),) if "ALIBI" in variants else ()),  # ALiBi's slopes
             0.1, 4, 2, 1000, 1000, 8, 64, 3,  # scale, heads_q, group, seqlens, tiles_m, tiles, run_heads
             *((100, 0 if causal else 30) if "WINDOW" in variants else ()), *((30.0,) if "SOFTCAP" in variants else ()),
-            *((0,) if "ALIBI" in variants else ()))  # window_left, window_right; softcap; ALiBi's batch stride
+            *((0,) if "ALIBI" in variants else ()),  # window_left, window_right; softcap; ALiBi's batch stride
+            *((*(MockTensor(_TorchDtype("int32"), [8]) for _ in range(4)),  # cu_seqlens_q, starts_k, seqlens_k, table
+               MockTensor(_TorchDtype(dtype), [4 * 1000 * head_dim]), head_dim, 4 * head_dim, head_dim)
+              if "VARLEN" in variants else ()))  # out, its head and row strides, head_dim
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
     return compile_kernel(module.attn_fwd, args, options)
 
@@ -136,7 +139,11 @@ CASES = [({}, 128, "float16", False, True),
          (dict(overlap=False, consumers=1, persistent=False), 128, "float16", False, True, ["WINDOW"]),
          ({}, 128, "bfloat16", True, True, ["SOFTCAP"]),
          ({}, 128, "bfloat16", False, True, ["ALIBI"]),
-         (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", True, True, ["WINDOW", "SOFTCAP", "ALIBI"])]
+         (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", True, True, ["WINDOW", "SOFTCAP", "ALIBI"]),
+         # packed sequences: the tile table, O stored from registers (also through Q's tile's release)
+         (dict(q_buffers=2, dynamic=True), 128, "bfloat16", True, True, ["VARLEN"]),
+         (dict(block_n=64, stage_o_in_q=True), 256, "float16", False, False, ["VARLEN"]),
+         (dict(consumers=3, consumer_regs=160, block_n=64), 64, "float16", False, True, ["VARLEN"])]
 
 
 def report(cases) -> list[dict]:

@@ -62,6 +62,8 @@ def test_compiles_for_sm90(compiled, index):
     problem = Problem(2, 8, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
         window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
         alibi="ALIBI" in variants)
+    if "VARLEN" in variants:  # packed sequences (the kernel's shapes are a dense problem's)
+        problem = dataclasses.replace(problem, variants=frozenset({"VARLEN"}))
     row = compiled[index]
     # (the window's extra loop and the variants' arguments cost a few loop scalars: 24-36 B stored under triton 3.6,
     # NOTES G7)
@@ -306,3 +308,17 @@ def test_backward_default_splits_groups_only_for_long_causal_attention():
     for unsplit in (dataclasses.replace(causal, causal=False), dataclasses.replace(causal, seqlen_q=1),
                     causal.with_variants(window_size=(1024, 0)), dataclasses.replace(causal, heads_kv=32)):
         assert default_knobs(unsplit, H100, "bwd").group_splits == 1, unsplit
+
+
+def test_packed_sequences_run_in_the_forward_alone():
+    """VARLEN: the Gluon forward's gate (its launcher on the dense one's descriptors and tl's tile tables); paged
+    caches, packed sequences with another variant, and the packed backward stay in tl."""
+    packed = dataclasses.replace(_problem(causal=True), variants=frozenset({"VARLEN"}))
+    assert violations(default_knobs(_problem(), H100), packed, H100) == []
+    paged = dataclasses.replace(packed, variants=frozenset({"VARLEN", "PAGED"}), page_size=16)
+    assert any("paged" in why for why in violations(default_knobs(_problem(), H100), paged, H100))
+    windowed = packed.with_variants(window_size=(128, 0))
+    assert any("without other variants" in why for why in violations(FwdKnobs(), windowed, H100))
+    assert any("runs in tl" in why for why in violations(BwdKnobs(), packed, H100))
+    module = launcher("gluon", "varlen")
+    assert module.base is launcher("gluon") and module.tables is launcher("tl", "varlen")

@@ -44,9 +44,13 @@ def test_varlen_forward_with_descriptors_per_sequence(knobs, causal, monkeypatch
     q, k, v, cu_q, cu_k = packed_batch(lengths, lengths, 8, 2, 80 if knobs.get("head_dim_split") else 128,
                                        torch.bfloat16, seed=13)
     force_knobs(monkeypatch, "fwd", **knobs)
+    _assert_forward_poisoned(q, k, v, cu_q, cu_k, max(lengths), max(lengths), causal)
+
+
+def _assert_forward_poisoned(q, k, v, cu_q, cu_k, max_q, max_k, causal):
+    """bf16 out (poisoned with NaN before the call) and lse against the fp64 reference per sequence."""
     out = torch.full_like(q, float("nan"))
-    _, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, max(lengths), max(lengths), causal=causal,
-                                        return_lse=True, out=out)
+    _, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True, out=out)
     ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal)
     seen = torch.isfinite(ref_lse)
     assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
@@ -112,3 +116,37 @@ def test_kvcache_decode_in_a_cuda_graph():
     graph.replay()
     ref, _ = reference(q, k_dense, v_dense, [50, 1, 512, 200], False)
     assert relative_error(out, ref) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("change", [{}, dict(q_buffers=2, dynamic=True), dict(persistent=False),
+                                    dict(consumers=1, overlap=False, persistent=False),
+                                    dict(block_n=64, stage_o_in_q=True, q_buffers=1)],
+                         ids=["default", "two_q_dynamic", "per_tile", "sequential", "o_in_q"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_q, heads_kv, head_dim", [(8, 2, 128), (8, 8, 64), (4, 1, 256), (4, 4, 80)])
+def test_gluon_varlen_forward(change, causal, heads_q, heads_kv, head_dim, monkeypatch):
+    """The Gluon forward over packed sequences (its VARLEN gate): every row of every sequence written once, none
+    past it (output poisoned), queries and keys of different lengths, empty sequences, GQA, head dims 64-256."""
+    from dataclasses import replace
+
+    from autoflash import varlen
+    from autoflash.api import DISPATCHER
+    from autoflash.families.gluon import knobs as gluon
+
+    chosen, forced = DISPATCHER.for_call, []
+
+    def for_call(problem, gpu, which, *args):
+        choice = chosen(problem, gpu, which, *args)
+        if which != "fwd":
+            return choice
+        knobs = replace(gluon.default_knobs(problem, gpu), **change)
+        forced.append(knobs)
+        if gluon.violations(knobs, problem, gpu):
+            pytest.skip(f"{change} cannot run {problem.label()}: {gluon.violations(knobs, problem, gpu)}")
+        return replace(choice, knobs=knobs)
+    monkeypatch.setattr(DISPATCHER, "for_call", for_call)
+    monkeypatch.setattr(varlen, "_plans", {})  # (plans are kept per layout: each case dispatches afresh)
+    lengths_q, lengths_k = [1000, 0, 1, 7, 123, 4097, 513], [1000, 5, 1, 300, 0, 4097, 600]
+    q, k, v, cu_q, cu_k = packed_batch(lengths_q, lengths_k, heads_q, heads_kv, head_dim, torch.bfloat16, seed=17)
+    _assert_forward_poisoned(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal)
+    assert forced, "the call did not dispatch through the forced Gluon knobs"

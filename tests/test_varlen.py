@@ -157,9 +157,9 @@ def test_empty_batch_and_no_rows():
 
 
 def test_dispatch_key_and_families():
-    """A varlen call is the Problem (sequences, longest lengths, VARLEN); plain keys are unchanged; gluon and fa1
-    refuse it; the nearest tuned dense winner is fitted to the table's order and to pointer loads, or keeps device
-    descriptors (tma) where the keys are not on pages."""
+    """A varlen call is the Problem (sequences, longest lengths, VARLEN); plain keys are unchanged; fa1 refuses it
+    (the Gluon forward takes it); the nearest tuned dense winner is fitted to the table's order and to pointer
+    loads, or keeps device descriptors (tma) where the keys are not on pages."""
     from dataclasses import replace
 
     from autoflash import families, gpu as gpus
@@ -176,9 +176,9 @@ def test_dispatch_key_and_families():
     assert problem.key() == plain.key() + "-varlen" and plain.key() == "b2-hq4-hkv2-sq4-sk16-d64-causal-float16"
     assert problem.distance(plain) == 0.0, "dense records serve varlen problems"
     gpu = replace(gpus.current(q.device), family="h100", capability=(9, 0))
-    for knobs in (GluonKnobs(), fa1.FwdKnobs()):
-        assert any("tl family only" in why for why in families.violations(knobs, problem, gpu))
-        assert not any("tl family only" in why for why in families.violations(knobs, plain, gpu))
+    assert any("tl family only" in why for why in families.violations(fa1.FwdKnobs(), problem, gpu))
+    assert not any("tl family only" in why for why in families.violations(fa1.FwdKnobs(), plain, gpu))
+    assert not any("packed" in why for why in families.violations(GluonKnobs(), problem, gpu))  # its VARLEN gate
     tuned = FwdKnobs(block_m=16, block_n=16, num_warps=2, loads="tma_host", schedule="longest_first")
     fitted = fit(tuned, problem, gpu)
     assert (fitted.loads, fitted.schedule) == ("pointer", "in_order") and not families.violations(fitted, problem, gpu)

@@ -129,8 +129,10 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
     """Why `knobs` cannot run `problem` on `gpu`; empty when it can (the `tl` family covers what this refuses)."""
     what = "forward" if knobs.DIRECTION == "fwd" else "backward"
     why = []
-    if problem.variants & {"VARLEN", "PAGED"}:
-        why.append("packed sequences and paged caches run in the tl family only")
+    if "PAGED" in problem.variants:
+        why.append("paged KV caches run in the tl family only")
+    elif "VARLEN" in problem.variants and (knobs.DIRECTION == "bwd" or problem.gates() - {"VARLEN"}):
+        why.append(f"packed sequences run in the Gluon forward without other variants; the {what} runs in tl")
     # Both directions render the fixed variants (window, softcap, ALiBi: the templates' gates), not a mod.
     unsupported = problem.gates() - problem.variants - {"WINDOW", "SOFTCAP", "ALIBI"}
     if unsupported:
