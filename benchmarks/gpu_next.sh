@@ -29,6 +29,7 @@
 #                                                                       (NOTES 60)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-varlen $OUT  # branch gfwd-varlen: the Gluon forward over
 #                                                                       packed sequences, tests then speed (NOTES V3)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-retune $OUT  # then its packed problems retuned, merged
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -184,16 +185,19 @@ bwd-all)  # every shipped backward file retuned on the current templates (a gluo
     ;;
 deep-bwd|deep-fwd)  # NOTES 60: the records hold 2-4 trials a family (the default and the last winner); search
                     # on from them (the studies resume), stopped before the call's limit, then the grid's bench
-    mode=${step#deep-} db=/tmp/deep_$mode.db
+    # SHAPES=examples/fa_grid_bf16.yaml for the bf16 grid; BENCH=0 to search only (a call's time is short)
+    mode=${step#deep-} shapes=${SHAPES:-examples/fa_grid.yaml} db=/tmp/deep_$mode.db
+    name=$(basename "$shapes" .yaml)_$mode
     [ -f "$db" ] || cp tuning_db/h100.db "$db"
-    limit -s INT "${RETUNE_S:-400}" python -m autoflash tune --gpu h100 --mode "$mode" --shapes examples/fa_grid.yaml \
-        --trials "${TRIALS:-10}" --db "$db" > "$out/${day}_h100_deep_$mode.log" 2>&1
-    echo "deep $mode tune rc $?"; tail -n 30 "$out/${day}_h100_deep_$mode.log"
+    limit -s INT "${RETUNE_S:-400}" python -m autoflash tune --gpu h100 --mode "$mode" --shapes "$shapes" \
+        --trials "${TRIALS:-10}" --db "$db" > "$out/${day}_h100_deep_$name.log" 2>&1
+    echo "deep $name tune rc $?"; tail -n 30 "$out/${day}_h100_deep_$name.log"
     python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
     cp tuning_db/h100.db "$out/h100.db"
-    limit 120 python -m autoflash bench --shapes examples/fa_grid.yaml --mode "$mode" \
-        --out "$out/${day}_h100_bench_fa_grid_${mode}_deep.jsonl" > "$out/${day}_h100_bench_fa_grid_${mode}_deep.log" 2>&1
-    echo "bench rc $?"; tail -n 28 "$out/${day}_h100_bench_fa_grid_${mode}_deep.log"
+    [ "${BENCH:-1}" = 0 ] && exit 0
+    limit 120 python -m autoflash bench --shapes "$shapes" --mode "$mode" \
+        --out "$out/${day}_h100_bench_${name}_deep.jsonl" > "$out/${day}_h100_bench_${name}_deep.log" 2>&1
+    echo "bench rc $?"; tail -n 28 "$out/${day}_h100_bench_${name}_deep.log"
     ;;
 gluon-varlen)  # branch gfwd-varlen: the Gluon forward's VARLEN gate (NOTES V3), correctness first
     limit 240 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py -p no:cacheprovider \
@@ -202,6 +206,15 @@ gluon-varlen)  # branch gfwd-varlen: the Gluon forward's VARLEN gate (NOTES V3),
     limit 240 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_gluon.jsonl" \
         --knobs '[{}, {"family": "gluon", "default": true}, {"family": "gluon", "default": true, "q_buffers": 1}]' \
         2>&1 | grep -v Warn
+    ;;
+varlen-retune)  # after gluon-varlen: the packed problems' forward searched with the Gluon family, merged
+    cp tuning_db/h100.db /tmp/varlen.db
+    limit 240 python -m autoflash tune --gpu h100 --mode fwd --shapes examples/varlen.yaml --trials "${TRIALS:-4}" \
+        --db /tmp/varlen.db > "$out/${day}_h100_varlen_retune.log" 2>&1
+    echo "varlen retune rc $?"; tail -n 4 "$out/${day}_h100_varlen_retune.log"
+    python -m autoflash merge --into tuning_db/h100.db /tmp/varlen.db --current-only --standalone
+    cp tuning_db/h100.db "$out/h100.db"
+    limit 120 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_retuned.jsonl" 2>&1 | grep -v Warn
     ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
@@ -218,6 +231,6 @@ ring-dynamic)  # R2: the ring's forward steps with tiles claimed from a counter,
     echo "ring-dynamic rc $?"; grep '"speed"' "$out/${day}_ring_attention_dynamic.jsonl"
     ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss bwd-all gluon-variants dq-writer gqa deep-bwd deep-fwd ring ring-dynamic" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss bwd-all gluon-variants dq-writer gqa deep-bwd deep-fwd varlen-retune ring ring-dynamic" >&2; exit 2
     ;;
 esac

@@ -83,16 +83,23 @@ GRAD_CASES = [  # lengths of q, lengths of k, heads_q, heads_kv, causal, backwar
 
 
 def force_knobs(monkeypatch, direction, **knobs):
-    """Dispatch runs `knobs` (over its choice's) for `direction`."""
-    from dataclasses import replace
+    """Dispatch runs `knobs` (over its choice's, or over the tl family's default where the choice is another
+    family's, which lacks them: the Gluon forward takes packed problems on Hopper) for `direction`."""
+    from dataclasses import fields, replace
 
+    from autoflash import families
     from autoflash.api import DISPATCHER
 
     chosen = DISPATCHER.for_call
 
     def for_call(problem, gpu, which, *args):
         choice = chosen(problem, gpu, which, *args)
-        return replace(choice, knobs=replace(choice.knobs, **knobs)) if which == direction else choice
+        if which != direction:
+            return choice
+        base = choice.knobs
+        if not set(knobs) <= {f.name for f in fields(base)}:
+            base = families.FAMILIES["tl"].default(problem, gpu, direction)
+        return replace(choice, knobs=replace(base, **knobs))
     monkeypatch.setattr(DISPATCHER, "for_call", for_call)
 
 
