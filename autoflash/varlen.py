@@ -3,9 +3,10 @@ and with the meanings of flash-attn's `flash_attn_varlen_func`.
 
 A batch of sequences of different lengths is packed without padding: q (total_q, heads_q, head_dim) holds every
 sequence's query rows one after the other, sequence s the rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]); k and v
-alike with cu_seqlens_k. The kernels are the `tl` family's, rendered with the VARLEN gate: each program runs one
-(sequence, query tile) of a table the launcher builds per call (templates/tl/launch_varlen.py, `varlen_tiles`),
-the tiles that see the most keys first, so short sequences take no padded tiles. The table is built on the host
+alike with cu_seqlens_k. The kernels are the `tl` family's (on Hopper the Gluon family's), rendered with the
+VARLEN gate: each program runs one (sequence, query tile) of a table the launcher builds per call
+(templates/tl/launch_varlen.py, `varlen_tiles`; the backward's dK/dV programs, (sequence, key block)), the tiles
+with the most work first, so short sequences take no padded tiles. The table is built on the host
 from the lengths that the check of cu_seqlens brings there, and comes over in one copy; while a CUDA graph is
 captured (no check, no values on the host) it is built on the device.
 

@@ -2,7 +2,9 @@
 dispatch inside the block run its chosen knobs with `change` applied (e.g. {"kv_splits": 8}), so one benchmark run
 times the variants side by side; a change naming a family ({"family": "gluon", "dynamic": true}) applies only where
 that family was chosen, one that also says {"default": true} runs that family's default (with the other changes)
-wherever it has one. For measuring, not for use: the changed knobs are not checked for validity."""
+wherever it has one. {"direction": "bwd"} applies the change to the backward's dispatch instead ({"family": "gluon",
+"default": true, "direction": "bwd"}: the Gluon backward's default). For measuring, not for use: the changed knobs
+are not checked for validity."""
 
 import contextlib
 import json
@@ -19,12 +21,15 @@ def forced_knobs(change: dict):
 
     def for_call(self, problem, gpu, direction, tensors, deterministic=False):
         chosen = original(self, problem, gpu, direction, tensors, deterministic)
-        rest = {name: value for name, value in change.items() if name not in ("family", "default")}
-        if change.get("default") and direction == "fwd":
+        knobs = {name: value for name, value in change.items() if name not in ("default", "direction")}
+        rest = {name: value for name, value in knobs.items() if name != "family"}
+        if not change or direction != change.get("direction", "fwd"):
+            return chosen
+        if change.get("default"):
             default = FAMILIES[change["family"]].default(problem, gpu, direction)
             return chosen if default is None else replace(chosen, knobs=replace(default, **rest))
-        applies = change and direction == "fwd" and change.get("family", chosen.knobs.family) == chosen.knobs.family
-        return replace(chosen, knobs=replace(chosen.knobs, **change)) if applies else chosen
+        applies = change.get("family", chosen.knobs.family) == chosen.knobs.family
+        return replace(chosen, knobs=replace(chosen.knobs, **knobs)) if applies else chosen
 
     Dispatcher.for_call = for_call
     _forget_plans()  # plans are cached per call signature: build them again under the change

@@ -30,6 +30,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-varlen $OUT  # branch gfwd-varlen: the Gluon forward over
 #                                                                       packed sequences, tests then speed (NOTES V3)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-retune $OUT  # then its packed problems retuned, merged
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-varlen-bwd $OUT  # branch gbwd-varlen: the Gluon backward
+#                                                                       over packed sequences, tests then speed (NOTES V4)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -200,11 +202,20 @@ deep-bwd|deep-fwd)  # NOTES 60: the records hold 2-4 trials a family (the defaul
     echo "bench rc $?"; tail -n 28 "$out/${day}_h100_bench_${name}_deep.log"
     ;;
 gluon-varlen)  # branch gfwd-varlen: the Gluon forward's VARLEN gate (NOTES V3), correctness first
-    limit 240 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py -p no:cacheprovider \
+    limit 240 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py -k "not gluon_varlen_backward" -p no:cacheprovider \
         > "$out/${day}_h100_gpu_tests_gluon_varlen.log" 2>&1
     echo "varlen gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_varlen.log" | tail
     limit 240 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_gluon.jsonl" \
         --knobs '[{}, {"family": "gluon", "default": true}, {"family": "gluon", "default": true, "q_buffers": 1}]' \
+        2>&1 | grep -v Warn
+    ;;
+gluon-varlen-bwd)  # branch gbwd-varlen: the Gluon backward's VARLEN gate (NOTES V4), correctness first; then
+    # fwd+bwd with the backward dispatched (untuned on Hopper: the Gluon default), forced to Gluon's default, to tl's
+    limit 300 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py -p no:cacheprovider \
+        -k "gluon_varlen_backward or varlen_forward_backward" > "$out/${day}_h100_gpu_tests_gluon_varlen_bwd.log" 2>&1
+    echo "varlen bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_varlen_bwd.log" | tail
+    limit 240 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_gluon_bwd.jsonl" \
+        --knobs '[{}, {"family": "gluon", "default": true, "direction": "bwd"}, {"family": "tl", "default": true, "direction": "bwd"}]' \
         2>&1 | grep -v Warn
     ;;
 varlen-retune)  # after gluon-varlen: the packed problems' forward searched with the Gluon family, merged

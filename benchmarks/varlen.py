@@ -44,7 +44,8 @@ def main(argv=None):
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--full", action="store_true", help="no causal mask")
     parser.add_argument("--knobs", default="[{}]",
-                        help='forward knob changes to sweep, JSON: \'[{}, {"num_warps": 8}]\'')
+                        help='knob changes to sweep (forward, or the backward\'s with "direction": "bwd"), JSON: '
+                             '\'[{}, {"num_warps": 8}, {"family": "gluon", "default": true, "direction": "bwd"}]\'')
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     heads_q, heads_kv = map(int, args.heads.split("/"))

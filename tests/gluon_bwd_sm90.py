@@ -41,11 +41,17 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     rows = TensorDescriptor(MockTensor(_TorchDtype("float32"), [8, 1000]), [8, 1000], [1000, 1],
                             [1, knobs["block_m"]], gl.NVMMASharedLayout.get_default_for([1, knobs["block_m"]],
                                                                                          gl.float32))
+    if "VARLEN" in variants:  # lse and delta by plain loads over the packed rows
+        rows = MockTensor(_TorchDtype("float32"), [8 * 1000])
     slopes = (MockTensor(_TorchDtype("float32"), [4]),) if "ALIBI" in variants else ()
     args = (q, kv, kv, q, dkv, dkv, dq, rows, rows, *slopes,  # q, k, v, do, dk, dv, dq; lse, delta; ALiBi's slopes
             0.1, 4, 2, 1000, 1000,  # scale, heads_q, heads_kv, seqlens
             *((100, 0 if causal else 30) if "WINDOW" in variants else ()), *((30.0,) if "SOFTCAP" in variants else ()),
-            *((0,) if "ALIBI" in variants else ()))  # window_left, window_right; softcap; ALiBi's batch stride
+            *((0,) if "ALIBI" in variants else ()),  # window_left, window_right; softcap; ALiBi's batch stride
+            *((*(MockTensor(_TorchDtype("int32"), [8]) for _ in range(3)),  # cu_seqlens_q, cu_seqlens_k, table
+               *(MockTensor(_TorchDtype(dtype), [2 * 1000 * head_dim]) for _ in range(2)),  # dk, dv
+               1000, head_dim, 2 * head_dim, head_dim, 2 * head_dim, head_dim)  # lse/delta, dk, dv strides; head_dim
+              if "VARLEN" in variants else ()))
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, num_warps=4)
     return compile_kernel(module.attn_bwd, args, options)
 
@@ -78,7 +84,17 @@ CASES = [({}, 128, "float16", False),
          (dict(dq_writer=True), 128, "bfloat16", True),
          (dict(dq_writer=True), 64, "float16", False),
          (dict(dq_writer=True, block_m=128), 32, "bfloat16", True),
-         (dict(dq_writer=True, block_m=32), 256, "bfloat16", True, ["WINDOW"])]
+         (dict(dq_writer=True, block_m=32), 256, "bfloat16", True, ["WINDOW"]),
+         # packed sequences: the (sequence, key block) table, lse and delta by plain loads, dK and dV stored from
+         # registers (or added in fp32 where the group is split), each head dim's tiles, the dQ writer
+         ({}, 64, "bfloat16", False, ["VARLEN"]),
+         ({}, 64, "bfloat16", True, ["VARLEN"]),
+         ({}, 128, "bfloat16", False, ["VARLEN"]),
+         ({}, 128, "bfloat16", True, ["VARLEN"]),
+         (dict(block_m=32), 256, "bfloat16", False, ["VARLEN"]),
+         (dict(block_m=32), 256, "bfloat16", True, ["VARLEN"]),
+         (dict(group_splits=2), 128, "bfloat16", True, ["VARLEN"]),
+         (dict(dq_writer=True, num_buffers=3), 64, "float16", True, ["VARLEN"])]
 
 
 def report(cases) -> list[dict]:

@@ -45,6 +45,8 @@ def test_a_family_default_replaces_the_choice_where_the_family_has_one():
         out = autoflash.attention(q, k, v)
     with forced_knobs({"family": "gluon", "default": True}):  # none under the interpreter: the choice stands
         assert _fwd_knobs() == before
+    with forced_knobs({"family": "tl", "default": True, "num_warps": 2, "direction": "bwd"}):  # the backward's alone
+        assert _fwd_knobs() == before
     assert relative_error(out, attention_reference(q, k, v)[0]) < 1e-4
 
 

@@ -127,6 +127,8 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
     problem = Problem(2, 8, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
         window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
         alibi="ALIBI" in variants)
+    if "VARLEN" in variants:  # packed sequences (the kernel's shapes are a dense problem's)
+        problem = dataclasses.replace(problem, variants=frozenset({"VARLEN"}))
     row = compiled_bwd[index]
     # At d128 S^T, dP^T, P^T's copy, dK and dV take ~232 of a consumer's 240 registers: a few loop scalars
     # spill (132 B under triton 3.6; NOTES G-bwd3), reloaded once a step; softcapping's tanh, live from S^T to
@@ -310,15 +312,76 @@ def test_backward_default_splits_groups_only_for_long_causal_attention():
         assert default_knobs(unsplit, H100, "bwd").group_splits == 1, unsplit
 
 
-def test_packed_sequences_run_in_the_forward_alone():
-    """VARLEN: the Gluon forward's gate (its launcher on the dense one's descriptors and tl's tile tables); paged
-    caches, packed sequences with another variant, and the packed backward stay in tl."""
+def test_packed_sequences_run_in_both_directions():
+    """VARLEN: the Gluon forward's and backward's gates (their launcher on the dense ones' descriptors and tl's tile
+    tables); paged caches and packed sequences with another variant stay in tl."""
     packed = dataclasses.replace(_problem(causal=True), variants=frozenset({"VARLEN"}))
-    assert violations(default_knobs(_problem(), H100), packed, H100) == []
+    for direction in ("fwd", "bwd"):
+        assert violations(default_knobs(_problem(), H100, direction), packed, H100) == []
     paged = dataclasses.replace(packed, variants=frozenset({"VARLEN", "PAGED"}), page_size=16)
     assert any("paged" in why for why in violations(default_knobs(_problem(), H100), paged, H100))
     windowed = packed.with_variants(window_size=(128, 0))
-    assert any("without other variants" in why for why in violations(FwdKnobs(), windowed, H100))
-    assert any("runs in tl" in why for why in violations(BwdKnobs(), packed, H100))
+    for knobs in (FwdKnobs(), BwdKnobs(group_splits=2, dq_writer=True)):
+        assert any("without other variants" in why for why in violations(knobs, windowed, H100))
+        assert violations(knobs, packed, H100) == []
+    many = dataclasses.replace(packed, batch=8192)  # (the delta kernel's y axis: heads_q alone when packed)
+    assert violations(BwdKnobs(), many, H100) == []
+    assert any("grid's y axis" in why for why in violations(BwdKnobs(), dataclasses.replace(many, variants=frozenset()),
+                                                             H100))
     module = launcher("gluon", "varlen")
     assert module.base is launcher("gluon") and module.tables is launcher("tl", "varlen")
+    assert module.base_bwd is launcher("gluon", "bwd")
+
+
+@pytest.mark.parametrize("group_splits", [1, 2])
+@pytest.mark.parametrize("on_host", [True, False], ids=["host_table", "device_table"])
+def test_backward_varlen_arguments_reach_the_kernel(group_splits, on_host):
+    """The packed backward's plan (templates/gluon/launch_varlen.py): seven descriptors over the packed views (dK
+    and dV over fp32 sums where the group is split), lse2 and delta as pointers, then by name each call's
+    offsets, (sequence, key block) table and dK, dV; a 1-D grid of table entries x KV heads x splits; the delta
+    kernel over the packed rows as one batch. (No GPU: `compile` records what it is given.)"""
+    from autoflash.varlen import packed
+
+    lengths_q, lengths_k = [100, 0, 7, 300], [90, 5, 0, 300]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(sum(lengths_q), 8, 64, generator=gen).bfloat16()
+    k = torch.randn(sum(lengths_k), 2, 64, generator=gen).bfloat16()
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))
+    lse = torch.empty(1, 8, q.shape[0])
+    compiled, launched = {}, {}
+
+    def compile(kernel, grid, args, options, tensor_count, per_call=()):
+        name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+        compiled[name] = (kernel, grid, args, options, tensor_count, per_call)
+
+        def launch(*tensors):
+            launched[name] = tensors
+        return launch
+    knobs = BwdKnobs(group_splits=group_splits)
+    views = [packed(t) for t in (q, k, k, q, q, q, k, k)]  # q, k, v, out, dout, dq, dk, dv
+    plan = codegen.load(knobs, frozenset({"VARLEN"})).varlen_backward_plan(
+        *views[:4], lse, *views[4:], cu_q, cu_k, 0.125, True, None, compile=compile)
+    host = (torch.tensor(lengths_q).numpy(), torch.tensor(lengths_k).numpy()) if on_host else None
+    plan(*views[:4], lse, *views[4:], None, cu_q, cu_k, host)
+    kernel, grid, args, options, tensor_count, per_call = compiled["attn_bwd"]
+    named = dict(zip(kernel.arg_names, args)) | options
+    assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
+    entries = -(-sum(lengths_k) // 128) + len(lengths_q)  # 128 keys a program (two warpgroups of 64)
+    assert tensor_count == 9 and grid == (entries * 2 * group_splits,) and named["IS_CAUSAL"]
+    assert (named["seqlen_q"], named["seqlen_k"], named["head_dim"]) == (q.shape[0], k.shape[0], 64)
+    assert (named["stride_dkh"], named["stride_dkm"]) == (64, 2 * 64)
+    assert [d.layout.element_bitwidth for d in args[4:7]] == [16 if group_splits == 1 else 32] * 2 + [32]
+    assert per_call == ("Cu_seqlens_q", "Cu_seqlens_k", "Tiles", "DK", "DV")
+    descriptors, (lse2, delta), (offsets_q, offsets_k, table, dk, dv) = (launched["attn_bwd"][:7],
+                                                                         launched["attn_bwd"][7:9],
+                                                                         launched["attn_bwd"][9:])
+    assert offsets_q is cu_q and offsets_k is cu_k and dk is views[6] and dv is views[7]
+    assert descriptors[0].base is views[0] and descriptors[0].shape == [1, 8, q.shape[0], 64]
+    assert table.shape == (2, entries) and table.dtype == torch.int32
+    sequences, blocks = table.tolist()
+    # key blocks of 128 (none for the sequence without keys), the most query rows first, then padding
+    assert list(zip(sequences, blocks))[:5] == [(3, 0), (3, 1), (3, 2), (0, 0), (1, 0)] and sequences[5:] == [-1] * 3
+    assert lse2.shape == delta.shape == (8, 408) and named["stride_rows"] == 408  # (407 rows, 16-byte strides)
+    _, delta_grid, _, delta_options, delta_count, _ = compiled["_attn_bwd_delta"]
+    assert delta_count == 7 and delta_grid == (-(-q.shape[0] // 64), 8) and delta_options["HEAD_DIM"] == 64

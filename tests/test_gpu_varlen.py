@@ -17,18 +17,27 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("heads_q, heads_kv, head_dim", [(8, 8, 128), (16, 4, 64), (8, 1, 80)])
 def test_varlen_forward_backward(dtype, causal, heads_q, heads_kv, head_dim):
     lengths = [1000, 0, 1, 7, 123, 2049, 513]
-    q, k, v, cu_q, cu_k = packed_batch(lengths, lengths, heads_q, heads_kv, head_dim, dtype, seed=11)
+    _assert_forward_backward(lengths, lengths, heads_q, heads_kv, head_dim, dtype, causal, seed=11)
+
+
+def _assert_forward_backward(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, causal, seed):
+    """out, lse and (through autograd, the lse's gradient included) dq, dk, dv of attention_varlen against the
+    fp64 reference per sequence; returns (q, k, v, out, lse, dout, dlse (0 where a row sees no key), cu_q, cu_k,
+    the reference gradients), detached."""
+    q, k, v, cu_q, cu_k = packed_batch(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, seed=seed)
     dout, dlse = torch.randn_like(q), torch.randn(heads_q, q.shape[0], device="cuda")
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    out, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, max(lengths), max(lengths), causal=causal,
+    out, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
                                           return_lse=True)
     seen = torch.isfinite(lse.detach())
     torch.autograd.backward((out, lse[seen]), (dout, dlse[seen]))
     ref, ref_lse = varlen_reference(q.detach(), k.detach(), v.detach(), cu_q, cu_k, causal)
     assert relative_error(out, ref) < TOLERANCE[dtype]
     assert (lse[seen].double() - ref_lse[seen]).abs().max() < 1e-2
-    for got, want in zip((q.grad, k.grad, v.grad), grads_with_dlse(q, k, v, cu_q, cu_k, causal, dout, dlse)):
-        assert relative_error(got, want) < GRAD_TOLERANCE[dtype]
+    want = grads_with_dlse(q, k, v, cu_q, cu_k, causal, dout, dlse)
+    for got, expected in zip((q.grad, k.grad, v.grad), want):
+        assert relative_error(got, expected) < GRAD_TOLERANCE[dtype]
+    return (*(t.detach() for t in (q, k, v, out, lse)), dout, torch.where(seen, dlse, 0.0), cu_q, cu_k, want)
 
 
 @pytest.mark.parametrize("knobs", [dict(loads="tma"), dict(loads="tma", num_warps=8, num_stages=3),
@@ -118,15 +127,9 @@ def test_kvcache_decode_in_a_cuda_graph():
     assert relative_error(out, ref) < TOLERANCE[torch.float16]
 
 
-@pytest.mark.parametrize("change", [{}, dict(q_buffers=2, dynamic=True), dict(persistent=False),
-                                    dict(consumers=1, overlap=False, persistent=False),
-                                    dict(block_n=64, stage_o_in_q=True, q_buffers=1)],
-                         ids=["default", "two_q_dynamic", "per_tile", "sequential", "o_in_q"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("heads_q, heads_kv, head_dim", [(8, 2, 128), (8, 8, 64), (4, 1, 256), (4, 4, 80)])
-def test_gluon_varlen_forward(change, causal, heads_q, heads_kv, head_dim, monkeypatch):
-    """The Gluon forward over packed sequences (its VARLEN gate): every row of every sequence written once, none
-    past it (output poisoned), queries and keys of different lengths, empty sequences, GQA, head dims 64-256."""
+def _force_gluon(monkeypatch, direction, change):
+    """Dispatch runs the Gluon family's default knobs with `change` for `direction` (the case skips where they
+    cannot run the problem); the list it returns gets the knobs of each such dispatch."""
     from dataclasses import replace
 
     from autoflash import varlen
@@ -137,16 +140,61 @@ def test_gluon_varlen_forward(change, causal, heads_q, heads_kv, head_dim, monke
 
     def for_call(problem, gpu, which, *args):
         choice = chosen(problem, gpu, which, *args)
-        if which != "fwd":
+        if which != direction:
             return choice
-        knobs = replace(gluon.default_knobs(problem, gpu), **change)
+        knobs = replace(gluon.default_knobs(problem, gpu, direction), **change)
         forced.append(knobs)
         if gluon.violations(knobs, problem, gpu):
             pytest.skip(f"{change} cannot run {problem.label()}: {gluon.violations(knobs, problem, gpu)}")
         return replace(choice, knobs=knobs)
     monkeypatch.setattr(DISPATCHER, "for_call", for_call)
     monkeypatch.setattr(varlen, "_plans", {})  # (plans are kept per layout: each case dispatches afresh)
-    lengths_q, lengths_k = [1000, 0, 1, 7, 123, 4097, 513], [1000, 5, 1, 300, 0, 4097, 600]
-    q, k, v, cu_q, cu_k = packed_batch(lengths_q, lengths_k, heads_q, heads_kv, head_dim, torch.bfloat16, seed=17)
-    _assert_forward_poisoned(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal)
+    return forced
+
+
+LENGTHS_Q, LENGTHS_K = [1000, 0, 1, 7, 123, 4097, 513], [1000, 5, 1, 300, 0, 4097, 600]
+
+
+@pytest.mark.parametrize("change", [{}, dict(q_buffers=2, dynamic=True), dict(persistent=False),
+                                    dict(consumers=1, overlap=False, persistent=False),
+                                    dict(block_n=64, stage_o_in_q=True, q_buffers=1)],
+                         ids=["default", "two_q_dynamic", "per_tile", "sequential", "o_in_q"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_q, heads_kv, head_dim", [(8, 2, 128), (8, 8, 64), (4, 1, 256), (4, 4, 80)])
+def test_gluon_varlen_forward(change, causal, heads_q, heads_kv, head_dim, monkeypatch):
+    """The Gluon forward over packed sequences (its VARLEN gate): every row of every sequence written once, none
+    past it (output poisoned), queries and keys of different lengths, empty sequences, GQA, head dims 64-256."""
+    forced = _force_gluon(monkeypatch, "fwd", change)
+    q, k, v, cu_q, cu_k = packed_batch(LENGTHS_Q, LENGTHS_K, heads_q, heads_kv, head_dim, torch.bfloat16, seed=17)
+    _assert_forward_poisoned(q, k, v, cu_q, cu_k, max(LENGTHS_Q), max(LENGTHS_K), causal)
     assert forced, "the call did not dispatch through the forced Gluon knobs"
+
+
+@pytest.mark.parametrize("change", [{}, dict(block_m=128), dict(warpgroups=1, group_splits=1), dict(num_buffers=3),
+                                    dict(group_splits=1), dict(group_splits=2), dict(group_splits=4),
+                                    dict(dq_writer=True)],
+                         ids=["default", "rows_128", "one_warpgroup", "three_slots", "unsplit", "split_2", "split_4",
+                              "dq_writer"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_q, heads_kv, head_dim", [(8, 2, 128), (8, 8, 64), (4, 1, 256), (4, 4, 80),
+                                                         (8, 2, 32)])
+def test_gluon_varlen_backward(change, causal, heads_q, heads_kv, head_dim, monkeypatch):
+    """The Gluon backward over packed sequences (its VARLEN gate) against the fp64 reference per sequence, the lse's
+    gradient included: through attention_varlen's autograd (the tables built on the host), then its plan called
+    again on NaN-poisoned dq, dk, dv with the tables built on the device (every row of every sequence written,
+    none past it: dQ's rows past a sequence add exact zeros into the next one's). Queries and keys of different
+    lengths, empty sequences, GQA, MHA, MQA, head dims 32-256 (each one's steps: 32 rows past 128, 128 at 32)."""
+    from autoflash import codegen
+    from autoflash.varlen import packed
+
+    forced = _force_gluon(monkeypatch, "bwd", change)
+    q, k, v, out, lse, dout, dlse, cu_q, cu_k, want = _assert_forward_backward(
+        LENGTHS_Q, LENGTHS_K, heads_q, heads_kv, head_dim, torch.bfloat16, causal, seed=19)
+    assert forced, "the call did not dispatch through the forced Gluon knobs"
+    poisoned = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    views = [packed(t) for t in (q, k, v, out, dout, *poisoned)]
+    plan = codegen.load(forced[-1], frozenset({"VARLEN"})).varlen_backward_plan(
+        *views[:4], lse[None], *views[4:], cu_q, cu_k, q.shape[-1] ** -0.5, causal, dlse[None])
+    plan(*views[:4], lse[None], *views[4:], dlse[None], cu_q, cu_k, None)
+    for got, expected in zip(poisoned, want):
+        assert relative_error(got, expected) < GRAD_TOLERANCE[torch.bfloat16]

@@ -165,13 +165,13 @@ def test_empty_batch_and_no_rows():
 
 def test_dispatch_key_and_families():
     """A varlen call is the Problem (sequences, longest lengths, VARLEN); plain keys are unchanged; fa1 refuses it
-    (the Gluon forward takes it); the nearest tuned dense winner is fitted to the table's order and to pointer
+    (the Gluon forward and backward take it); the nearest tuned dense winner is fitted to the table's order and to pointer
     loads, or keeps device descriptors (tma) where the keys are not on pages."""
     from dataclasses import replace
 
     from autoflash import families, gpu as gpus
     from autoflash.families import fa1
-    from autoflash.families.gluon.knobs import FwdKnobs as GluonKnobs
+    from autoflash.families.gluon.knobs import BwdKnobs as GluonBwdKnobs, FwdKnobs as GluonKnobs
     from autoflash.families.tl.defaults import fit
     from autoflash.families.tl.knobs import FwdKnobs
     from autoflash.problem import Problem
@@ -185,7 +185,8 @@ def test_dispatch_key_and_families():
     gpu = replace(gpus.current(q.device), family="h100", capability=(9, 0))
     assert any("tl family only" in why for why in families.violations(fa1.FwdKnobs(), problem, gpu))
     assert not any("tl family only" in why for why in families.violations(fa1.FwdKnobs(), plain, gpu))
-    assert not any("packed" in why for why in families.violations(GluonKnobs(), problem, gpu))  # its VARLEN gate
+    for knobs in (GluonKnobs(), GluonBwdKnobs()):  # their VARLEN gates
+        assert not any("packed" in why for why in families.violations(knobs, problem, gpu))
     tuned = FwdKnobs(block_m=16, block_n=16, num_warps=2, loads="tma_host", schedule="longest_first")
     fitted = fit(tuned, problem, gpu)
     assert (fitted.loads, fitted.schedule) == ("pointer", "in_order") and not families.violations(fitted, problem, gpu)

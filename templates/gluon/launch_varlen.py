@@ -1,17 +1,20 @@
-"""Launcher of the Gluon forward over packed sequences (the VARLEN variant of templates/gluon/attn_fwd.py.jinja):
-the dense launcher's descriptors (`base`, templates/gluon/launch.py) over (1, heads, total rows, head_dim) views,
-and the `tl` family's table of (sequence, query tile) pairs (`tables`, templates/tl/launch_varlen.py), the tiles
-that see the most keys first. Both set by the loader (autoflash.resources.launcher). A file of its own, named for
-its variant, so the fingerprint of plain problems' kernels does not count it. Needs only torch, triton and numpy.
+"""Launchers of the Gluon forward and backward over packed sequences (the VARLEN variant of
+templates/gluon/attn_fwd.py.jinja and attn_bwd.py.jinja): the dense launchers' descriptors (`base`,
+templates/gluon/launch.py; `base_bwd`, launch_bwd.py) over (1, heads, total rows, head_dim) views, and the `tl`
+family's tables of (sequence, block) pairs (`tables`, templates/tl/launch_varlen.py), the blocks with the most
+work first. All set by the loader (autoflash.resources.launcher). A file of its own, named for its variant, so the
+fingerprint of plain problems' kernels does not count it. Needs only torch, triton and numpy.
 """
 
 import torch
 import triton
 
 base = None  # the module of templates/gluon/launch.py
+base_bwd = None  # the module of templates/gluon/launch_bwd.py
 tables = None  # the module of templates/tl/launch_varlen.py
 
 VARLEN_ARGS = ("Cu_seqlens_q", "Starts_k", "Seqlens_k", "Tiles", "Out")  # a call's own, after the descriptors
+BWD_VARLEN_ARGS = ("Cu_seqlens_q", "Cu_seqlens_k", "Tiles", "DK", "DV")  # the backward's, after lse2 and delta
 
 
 def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, softmax_scale, causal,
@@ -56,3 +59,59 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
         launch(*descriptors(q, k, v, out), q if lse is None else lse, counter(), cu_seqlens_q, starts_k, seqlens_k,
                table, out)
     return forward
+
+
+def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                         softmax_scale, causal, dlse, compile):
+    """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k, host)` over packed
+    sequences, as the `tl` family's `varlen_backward_plan` (the same arguments and layouts: q, out, dout, dq (1,
+    heads_q, total_q, head_dim) and k, v, dk, dv (1, heads_kv, total_k, head_dim) views of packed tensors; lse,
+    dlse fp32 (1, heads_q, total_q)). The delta kernel runs as the dense one over the packed rows (one batch of
+    total_q); program t of the main one runs entry t // (heads_kv x group_splits) of the table of (sequence, key
+    block) pairs that tl's dK/dV programs run (the most query rows first), its heads as dense. Q, dO, K, V come
+    by TMA from the sequences' first rows, lse and delta by plain loads; dK and dV leave from registers masked
+    to the sequence (or, split groups, are added into fp32 sums), dQ is added into its fp32 buffer by TMA, rows
+    past a sequence adding exact zeros. Writes dq, dk, dv."""
+    base_bwd._check(q, k, v, out, dout, dq, dk, dv, lse, dlse)
+    _, heads_q, total_q, head_dim = q.shape
+    heads_kv, total_k = k.shape[1], k.shape[2]
+    batch = cu_seqlens_q.numel() - 1
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_n = base_bwd._block_n(block_d, knobs["warpgroups"])
+    splits = knobs["group_splits"]
+    entries = triton.cdiv(total_k, block_n) + batch  # bounds the (sequence, key block) pairs before the lengths
+    rows = base_bwd._rows(q)  # (example tensors: each call allocates its own)
+    dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # (zeroed by the delta kernel)
+    dkv_sum = torch.empty((2, *k.shape), dtype=torch.float32, device=k.device) if splits > 1 else (dk, dv)
+    descriptors = base_bwd._descriptor_maker((q, k, v, dout, *dkv_sum, dq_sum), knobs["block_m"], block_d,
+                                             knobs["warpgroups"])  # (lse2 and delta have none)
+    delta_launch = compile(
+        kernels._attn_bwd_delta, (triton.cdiv(total_q, base_bwd.DELTA_ROWS), heads_q),
+        (out, dout, lse, lse if dlse is None else dlse, rows, rows, dq_sum, *out.stride()[:3], *dout.stride()[:3],
+         rows.stride(0), heads_q, total_q),
+        dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, ROWS=base_bwd.DELTA_ROWS), 7)
+    table = torch.empty(2, entries, dtype=torch.int32, device=q.device)
+    main_launch = compile(
+        kernels.attn_bwd, (entries * heads_kv * splits,),
+        (*descriptors(q, k, v, dout, *dkv_sum, dq_sum), rows, rows, softmax_scale, heads_q, heads_kv, total_q,
+         total_k, cu_seqlens_q, cu_seqlens_k, table, dk, dv, rows.stride(0), *dk.stride()[1:3], *dv.stride()[1:3],
+         head_dim),
+        dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4), 9, BWD_VARLEN_ARGS)
+
+    def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k, host=None):
+        lse2, delta = base_bwd._rows(q), base_bwd._rows(q)
+        dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_sum)
+        if host is None:
+            table = tables.varlen_tiles(cu_seqlens_k, cu_seqlens_q[1:] - cu_seqlens_q[:-1], 1, block_n, False,
+                                        entries)
+        else:
+            table, = tables.to_device([tables.host_tiles(host[1], host[0], 1, block_n, False, entries)],
+                                      cu_seqlens_q.device)
+        dkv = (dk, dv) if splits == 1 else torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+        main_launch(*descriptors(q, k, v, dout, *dkv, dq_sum), lse2, delta, cu_seqlens_q, cu_seqlens_k, table, dk, dv)
+        if splits > 1:
+            dk.copy_(dkv[0])
+            dv.copy_(dkv[1])
+        dq.copy_(dq_sum)
+    return backward

@@ -131,8 +131,8 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
     why = []
     if "PAGED" in problem.variants:
         why.append("paged KV caches run in the tl family only")
-    elif "VARLEN" in problem.variants and (knobs.DIRECTION == "bwd" or problem.gates() - {"VARLEN"}):
-        why.append(f"packed sequences run in the Gluon forward without other variants; the {what} runs in tl")
+    elif "VARLEN" in problem.variants and problem.gates() - {"VARLEN"}:
+        why.append(f"packed sequences run in the Gluon {what} without other variants; with them in tl")
     # Both directions render the fixed variants (window, softcap, ALiBi: the templates' gates), not a mod.
     unsupported = problem.gates() - problem.variants - {"WINDOW", "SOFTCAP", "ALIBI"}
     if unsupported:
@@ -180,9 +180,11 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     if knobs.block_m < 64 and head_dim_pad(problem.head_dim) <= 128:
         why.append("32-row steps are for head dims past 128 (dQ's wgmma needs 64 rows where the warpgroups "
                    "hold different keys)")
-    if problem.batch * problem.heads_q > MAX_GRID_Y:  # the delta kernel's grid; the main one's is batch x heads_kv
-        why.append(f"{problem.batch * problem.heads_q} programs (batch x heads_q) along the grid's y axis, CUDA "
-                   f"allows {MAX_GRID_Y}")
+    # The delta kernel's grid (the main one's is batch x heads_kv); packed sequences: one batch of every row, the
+    # main grid one axis of (sequence, key block) pairs x heads.
+    rows_y = problem.heads_q if "VARLEN" in problem.variants else problem.batch * problem.heads_q
+    if rows_y > MAX_GRID_Y:
+        why.append(f"{rows_y} programs (batch x heads_q) along the grid's y axis, CUDA allows {MAX_GRID_Y}")
     group = problem.heads_q // problem.heads_kv
     if group % knobs.group_splits:
         why.append(f"group_splits {knobs.group_splits} does not divide the {group} query heads of a KV head")
