@@ -40,8 +40,9 @@ def launcher_path(family: str, part: str = "") -> Path:
 def launcher(family: str, part: str = ""):
     """The imported module of `launcher_path(family, part)` (once per process and family); one of its own gets the
     family's launch.py module as its global `base` (to build on its helpers), one that declares `base_bwd`
-    the family's backward launcher there too (launch_bwd.py where the family has one), and one that declares
-    `tables` the `tl` family's packed-sequence launcher (its tile tables)."""
+    the family's backward launcher there too (launch_bwd.py where the family has one), one that declares
+    `tables` the `tl` family's packed-sequence launcher (its tile tables), and one that declares `masks` the `tl`
+    family's mask_mod launcher (its block tables)."""
     path = launcher_path(family, part)
     name = f"autoflash_{family}_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -54,4 +55,6 @@ def launcher(family: str, part: str = ""):
             module.base_bwd = launcher(family, "bwd")
         if hasattr(module, "tables"):  # a packed-sequence launcher on the `tl` family's tile tables
             module.tables = launcher("tl", "varlen")
+        if hasattr(module, "masks"):  # a mask_mod launcher on the `tl` family's block tables
+            module.masks = launcher("tl", "mask_mod")
     return module

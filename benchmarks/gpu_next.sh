@@ -32,6 +32,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-retune $OUT  # then its packed problems retuned, merged
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-varlen-bwd $OUT  # branch gbwd-varlen: the Gluon backward
 #                                                                       over packed sequences, tests then speed (NOTES V4)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-maskmod $OUT  # branch gluon-maskmod: the Gluon forward's
+#                                                                       mask_mod gate, tests then speed (NOTES G8)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -226,6 +228,14 @@ varlen-retune)  # after gluon-varlen: the packed problems' forward searched with
     python -m autoflash merge --into tuning_db/h100.db /tmp/varlen.db --current-only --standalone
     cp tuning_db/h100.db "$out/h100.db"
     limit 120 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_retuned.jsonl" 2>&1 | grep -v Warn
+    ;;
+gluon-maskmod)  # branch gluon-maskmod: the Gluon forward's MASK_MOD gate (NOTES G8), correctness first
+    limit 400 python -m pytest -q -m gpu -n 8 tests/test_gluon_fwd.py -k mask_mod -p no:cacheprovider \
+        > "$out/${day}_h100_gpu_tests_gluon_maskmod.log" 2>&1
+    echo "maskmod gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_maskmod.log" | tail
+    limit 180 python benchmarks/variants.py --cases 'documents,causal documents,prefix-lm' \
+        --knobs '[{}, {"family": "tl", "default": true}]' --out "$out/${day}_h100_variants_gluon_maskmod.jsonl" \
+        2>&1 | grep -v Warn
     ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast

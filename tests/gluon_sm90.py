@@ -19,27 +19,44 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import MockTensor, create_function_from_signature
 
+from autoflash.mask_mod import render as render_mod
 from autoflash.problem import VARIANTS  # the plain problem: every variant gate off
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def render(knobs: dict, template: str = "gluon/attn_fwd.py.jinja", variants=()) -> str:
+def same_document(b, h, q_idx, kv_idx, document_id):
+    return document_id[q_idx] == document_id[kv_idx]
+
+
+def prefix_lm(b, h, q_idx, kv_idx):
+    return (kv_idx < 16) | (kv_idx <= q_idx)
+
+
+# The masks of MASK_MOD cases, by the name a case gives after its variants (issue 16's document and prefix-LM masks).
+MASK_MODS = {"documents": same_document, "prefix-lm": prefix_lm}
+
+
+def render(knobs: dict, template: str = "gluon/attn_fwd.py.jinja", variants=(), mask_mod: str = "") -> str:
+    """The template rendered with these knobs and `variants` gates on; MASK_MOD with MASK_MODS[mask_mod]."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    mod = render_mod(MASK_MODS[mask_mod]) if mask_mod else None
     return env.get_template(template).render(
         TEMPLATE=template, KNOBS_JSON=str(knobs), FINGERPRINT="test", AUTOFLASH_VERSION="test",
         TRITON_VERSION=triton.__version__, EXTRA_HEADER=(), **{name: name in variants for name in VARIANTS},
+        **(dict(MASK_MOD_SOURCE=mod.source, MASK_MOD_CAPTURES=mod.captures) if mod else {}),
         **{name.upper(): value for name, value in knobs.items()})
 
 
-def load(knobs: dict, directory: str, template: str = "gluon/attn_fwd.py.jinja", variants=()):
-    """The rendered module (with the `variants` gates on), written to `directory` (Triton reads a kernel's source
-    from its file)."""
-    key = hashlib.sha256(json.dumps([knobs, template, sorted(variants)], sort_keys=True).encode()).hexdigest()[:16]
+def load(knobs: dict, directory: str, template: str = "gluon/attn_fwd.py.jinja", variants=(), mask_mod: str = ""):
+    """The rendered module (with the `variants` gates on, `mask_mod` as `render`'s), written to `directory` (Triton
+    reads a kernel's source from its file)."""
+    key = hashlib.sha256(json.dumps([knobs, template, sorted(variants), mask_mod],
+                                    sort_keys=True).encode()).hexdigest()[:16]
     path = Path(directory) / f"gluon_{key}.py"
-    path.write_text(render(knobs, template, variants))
+    path.write_text(render(knobs, template, variants, mask_mod))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -69,21 +86,25 @@ class _TorchDtype:
 
 
 def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False,
-                 return_lse: bool = True, variants=()):
-    """The module's `attn_fwd` (rendered with the `variants` gates) compiled for sm_90 (triton's CompiledKernel:
-    metadata.shared, asm['ptx'], ...)."""
+                 return_lse: bool = True, variants=(), mask_mod: str = ""):
+    """The module's `attn_fwd` (rendered with the `variants` gates, and `mask_mod`) compiled for sm_90 (triton's
+    CompiledKernel: metadata.shared, asm['ptx'], ...)."""
+    captures = 1 if mask_mod == "documents" else 0
     block_d = max(16, triton.next_power_of_2(head_dim))
     args = (descriptor(knobs["block_m"], head_dim, dtype), descriptor(knobs["block_n"], head_dim, dtype),
             descriptor(knobs["block_n"], head_dim, dtype), descriptor(knobs["block_m"], head_dim, dtype),
             MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]),
             MockTensor(_TorchDtype("int32"), [1]),  # the tile counter
             *((MockTensor(_TorchDtype("float32"), [4]),) if "ALIBI" in variants else ()),  # ALiBi's slopes
+            *((*(MockTensor(_TorchDtype("int32"), [1000]) for _ in range(captures)),  # the captures, the block table
+               MockTensor(_TorchDtype("int32"), [2 * 4 * 8 * 2 * 9])) if mask_mod else ()),
             0.1, 4, 2, 1000, 1000, 8, 64, 3,  # scale, heads_q, group, seqlens, tiles_m, tiles, run_heads
             *((100, 0 if causal else 30) if "WINDOW" in variants else ()), *((30.0,) if "SOFTCAP" in variants else ()),
             *((0,) if "ALIBI" in variants else ()),  # window_left, window_right; softcap; ALiBi's batch stride
             *((*(MockTensor(_TorchDtype("int32"), [8]) for _ in range(4)),  # cu_seqlens_q, starts_k, seqlens_k, table
                MockTensor(_TorchDtype(dtype), [4 * 1000 * head_dim]), head_dim, 4 * head_dim, head_dim)
-              if "VARLEN" in variants else ()))  # out, its head and row strides, head_dim
+              if "VARLEN" in variants else ()),  # out, its head and row strides, head_dim
+            *((0, 8 * 2 * 9, 2 * 9, *(1000 for _ in range(captures))) if mask_mod else ()))  # table strides, lengths
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
     return compile_kernel(module.attn_fwd, args, options)
 
@@ -127,7 +148,7 @@ def ptxas_report(compiled) -> dict:
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2, pingpong=False, overlap=True,
                consumer_regs=240, producer_regs=24, persistent=True, dynamic=False,
                stage_o_in_q=False)
-# (knob changes, head_dim, dtype, causal, return_lse[, variants])
+# (knob changes, head_dim, dtype, causal, return_lse[, variants[, a MASK_MODS name]])
 CASES = [({}, 128, "float16", False, True),
          (dict(q_buffers=2, dynamic=True), 128, "float16", True, True),
          (dict(consumers=3, consumer_regs=160, block_n=64, q_buffers=2), 64, "bfloat16", True, True),
@@ -143,7 +164,16 @@ CASES = [({}, 128, "float16", False, True),
          # packed sequences: the tile table, O stored from registers (also through Q's tile's release)
          (dict(q_buffers=2, dynamic=True), 128, "bfloat16", True, True, ["VARLEN"]),
          (dict(block_n=64, stage_o_in_q=True), 256, "float16", False, False, ["VARLEN"]),
-         (dict(consumers=3, consumer_regs=160, block_n=64), 64, "float16", False, True, ["VARLEN"])]
+         (dict(consumers=3, consumer_regs=160, block_n=64), 64, "float16", False, True, ["VARLEN"]),
+         # mask_mods (the document mask from a captured tensor, prefix-LM): key blocks from the mask's block table
+         (dict(q_buffers=2), 128, "bfloat16", False, True, ["MASK_MOD"], "documents"),
+         (dict(q_buffers=2, dynamic=True), 128, "bfloat16", True, True, ["MASK_MOD"], "documents"),
+         (dict(q_buffers=2), 64, "bfloat16", False, True, ["MASK_MOD"], "documents"),
+         (dict(q_buffers=2, dynamic=True), 64, "bfloat16", True, True, ["MASK_MOD"], "prefix-lm"),
+         (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", False, True, ["MASK_MOD"], "documents"),
+         (dict(block_n=64, stage_o_in_q=True, dynamic=True), 256, "bfloat16", True, True, ["MASK_MOD"], "prefix-lm"),
+         (dict(q_buffers=2), 128, "bfloat16", False, True, ["MASK_MOD"], "prefix-lm"),
+         (dict(consumers=1, overlap=False, persistent=False), 128, "float16", True, False, ["MASK_MOD"], "documents")]
 
 
 def report(cases) -> list[dict]:
@@ -151,10 +181,10 @@ def report(cases) -> list[dict]:
     and setmaxnreg instructions in the PTX."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for change, head_dim, dtype, causal, return_lse, *variants in cases:
-            knobs, variants = DEFAULT | change, variants[0] if variants else ()
-            compiled = compile_sm90(load(knobs, tmp, variants=variants), knobs, head_dim, dtype, causal, return_lse,
-                                    variants)
+        for change, head_dim, dtype, causal, return_lse, *more in cases:
+            knobs, (variants, mask_mod) = DEFAULT | change, [*more, *((), "")[len(more):]]
+            compiled = compile_sm90(load(knobs, tmp, variants=variants, mask_mod=mask_mod), knobs, head_dim, dtype,
+                                    causal, return_lse, variants, mask_mod)
             ptx = compiled.asm["ptx"]
             rows.append(dict(shared=compiled.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
                              setmaxnreg=ptx.count("setmaxnreg"), **ptxas_report(compiled)))

@@ -413,8 +413,15 @@ def test_the_tl_and_gluon_families_run_variants():
         assert families.default_knobs(problem, hopper, "fwd").family == "gluon"
         assert families.default_knobs(problem, hopper, "bwd").family == "gluon"
     assert families.default_knobs(problem, hopper, "fwd", skip=frozenset({"gluon"})).family == "tl"
+    # a mask_mod: the Gluon forward (its default from 512 queries), tl's backward; a score_mod: tl's both ways
     mod = Problem(1, 8, 8, 1024, 1024, 128, True, "float16").with_variants(mask_mod="f00d")
     assert any("MASK_MOD" in reason for reason in families.violations(gluon.BwdKnobs(), mod, hopper))
+    scored = Problem(1, 8, 8, 1024, 1024, 128, True, "float16").with_variants(score_mod="f00d")
+    assert any("SCORE_MOD" in reason for reason in families.violations(gluon.FwdKnobs(), scored, hopper))
+    if gluon.knobs.gluon_available():
+        assert not families.violations(gluon.FwdKnobs(), mod, hopper)
+        assert families.default_knobs(mod, hopper, "fwd").family == "gluon"
+        assert families.default_knobs(mod, hopper, "bwd").family == "tl"
 
 
 def test_explain_names_the_variant_problem():

@@ -61,13 +61,14 @@ def test_compiles_for_sm90(compiled, index):
     variants = set(variants[0] if variants else ())
     problem = Problem(2, 8, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
         window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
-        alibi="ALIBI" in variants)
+        alibi="ALIBI" in variants, mask_mod="0123456789abcdef" if "MASK_MOD" in variants else "")
     if "VARLEN" in variants:  # packed sequences (the kernel's shapes are a dense problem's)
         problem = dataclasses.replace(problem, variants=frozenset({"VARLEN"}))
     row = compiled[index]
     # (the window's extra loop and the variants' arguments cost a few loop scalars: 24-36 B stored under triton 3.6,
-    # NOTES G7)
-    _assert_fits(row, knobs, problem, shared_memory_bytes(knobs, problem), spill_bytes=128 if variants else 0)
+    # NOTES G7; the document mask's reads of its capture up to 116 B stored, 156 loaded, NOTES G8)
+    spill_bytes = 160 if "MASK_MOD" in variants else 128 if variants else 0
+    _assert_fits(row, knobs, problem, shared_memory_bytes(knobs, problem), spill_bytes)
     assert row["setmaxnreg"] > 0 and row["wgmma"] > 0, row  # registers moved between partitions; async wgmma
 
 
@@ -275,6 +276,42 @@ def test_forward_variant_arguments_reach_the_kernel():
     named = dict(zip(kernel.arg_names, args)) | options
     assert tensor_count == 7 and named["Alibi"] is slopes and kernel.arg_names.index("Alibi") == 6
     assert (named["window_left"], named["window_right"], named["softcap"], named["stride_alibi_b"]) == (30, 10, 20.0, 4)
+    assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
+
+
+def test_mask_mod_arguments_and_block_table_reach_the_forward():
+    """A mask_mod on the Gluon forward's plan (templates/gluon/launch_mask_mod.py on tl's table builder): the
+    slopes, the mod's capture and the block table after the six tensors, the table's strides and the capture's
+    length by name; the table (built in the interpreter) has a row per tile of block_m x consumers query rows."""
+    from autoflash import checks
+    from autoflash.launch import compile_launch
+    from autoflash.mask_mod import MaskMod
+    from test_mask_mod import brute_force_states, documents, same_document
+
+    q, k = torch.empty(2, 4, 300, 64, dtype=torch.bfloat16), torch.empty(2, 2, 290, 64, dtype=torch.bfloat16)
+    lse, slopes = torch.empty(2, 4, 300), torch.rand(4)
+    mod = MaskMod(same_document, documents(100, 1, 150, 49))
+    problem = Problem.from_tensors(q, k, True, alibi=True, mask_mod=mod.fingerprint())
+    variant = checks.variant_args(True, (-1, -1), 300, 290, 0.0, slopes, mod)
+    compiled = []
+
+    def compile(kernel, grid, args, options, tensor_count):
+        if "States" in kernel.arg_names:  # the block table's kernel runs
+            return compile_launch(kernel, grid, args, options, tensor_count)
+        compiled.append((kernel, args, options, tensor_count))
+        return lambda *tensors: None
+    knobs = FwdKnobs(persistent=False)
+    plan = codegen.load(knobs, problem.gates(), mod.rendered).forward_plan(q, k, k, q, lse, 0.125, True,
+                                                                            compile=compile, variant=variant)
+    plan(q, k, k, q, lse, slopes, *mod.captures)
+    (kernel, args, options, tensor_count), = compiled
+    named = dict(zip(kernel.arg_names, args)) | options
+    assert tensor_count == 9 and kernel.arg_names[6:9] == ["Alibi", "Capture0", "Mask_rows"]
+    assert named["Capture0"] is mod.captures[0] and named["capture_len0"] == 300
+    table, states = named["Mask_rows"], brute_force_states(mod, 1, 1, 300, 290, 128, 128, True)
+    assert table.shape == (1, 1, 3, 2 * (3 + 1)) and named["stride_rows_m"] == 8
+    assert torch.equal(table[..., 0], (states == 1).sum(-1).int()) and torch.equal(table[..., 4],
+                                                                                   (states == 2).sum(-1).int())
     assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
 
 

@@ -1,17 +1,21 @@
 """The Gluon forward on the GPU against the fp64 reference: every kind of variant, ragged and unequal
-sequence lengths, causal and full, GQA and MQA, head dims 40..256, fp16 and bf16, (B,S,H,D) views; outputs and
-lse poisoned before each call. Launched through the family's launcher (codegen renders it; no dispatcher)."""
+sequence lengths, causal and full, GQA and MQA, head dims 40..256, fp16 and bf16, (B,S,H,D) views, mask_mods;
+outputs and lse poisoned before each call. Launched through the family's launcher (codegen renders it; no
+dispatcher), but the mask_mods' gradients (autoflash.attention: this forward, tl's backward)."""
 
 import pytest
 import torch
 
-from autoflash import codegen
+from autoflash import checks, codegen, families
 from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, violations
 from autoflash.gpu import current
+from autoflash.mask_mod import MaskMod
 from autoflash.problem import Problem
 
-from helpers import assert_matches_reference, make_qkv, poisoned_outputs
+from helpers import (assert_forward_kernels_match, assert_gradients_match, assert_matches_reference, make_qkv,
+                     poisoned_outputs)
 from test_attention_variants import CASES as VARIANT_CASES, run_forward
+from test_mask_mod import documents, prefix_lm, same_document
 
 pytestmark = pytest.mark.gpu
 
@@ -115,3 +119,65 @@ def test_window_softcap_alibi(variant, case):
                                         ((1, 4, 2, 4097, 123, 64), FwdKnobs(**VARIANTS[variant])),
                                         ((1, 4, 2, 123, 4097, 256), FwdKnobs(block_n=64, stage_o_in_q=True))]):
         assert run_forward(knobs, shape, torch.bfloat16, case, seed=i), f"{knobs} cannot run {shape} {case}"
+
+
+def rows_that_see_nothing(b, h, q_idx, kv_idx):
+    """Every third query row sees no key, nor any from 300 on (whole tiles with empty lists)."""
+    return (q_idx % 3 != 1) & (q_idx < 300) & (kv_idx <= q_idx + 40)
+
+
+def mask_mod(name, seqlen):
+    """Issue 16's masks for up to `seqlen` positions: documents of uneven lengths (one of a single token) from a
+    captured tensor, prefix-LM, and a mask that leaves rows without a key (out 0, lse -inf, as tl's)."""
+    if name == "documents":
+        return MaskMod(same_document, documents(5, 1, 17, 300, 1000, max(seqlen - 1323, 1)))
+    return MaskMod({"prefix-lm": prefix_lm, "rows that see nothing": rows_that_see_nothing}[name])
+
+
+def run_mask_mod(knobs, shape, dtype, name, causal, seed=0):
+    """One launch of the Gluon forward with the mask_mod `name` (knobs None: the family's default) into poisoned
+    outputs, against the fp64 reference."""
+    q, k, v = make_qkv(*shape, dtype, "cuda", seed=seed)
+    mod = mask_mod(name, max(shape[3:5]))
+    problem = Problem.from_tensors(q, k, causal, mask_mod=mod.fingerprint())
+    knobs = knobs or default_knobs(problem, current(q.device))
+    assert violations(knobs, problem, current(q.device)) == []
+    variant = checks.variant_args(causal, (-1, -1), shape[3], shape[4], 0.0, None, mod)
+    kernels = codegen.load(knobs, problem.gates(), mod.rendered)
+    assert_forward_kernels_match(kernels, variant, q, k, v, causal, shape[-1] ** -0.5, mask_mod=mod)
+
+
+MASK_MODS = ["documents", "prefix-lm", "rows that see nothing"]
+
+
+@pytest.mark.parametrize("name", MASK_MODS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_mask_mods(name, head_dim, causal):
+    """The defaults (dynamic tiles, two Q tiles; O in Q past head dim 128) with each mask, GQA 4:1, bf16, the
+    lengths of issue 16's list and unequal ones."""
+    for seed, (seqlen_q, seqlen_k) in enumerate([(1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097),
+                                                 (123, 1000), (1000, 123)]):
+        run_mask_mod(None, (2, 8, 2, seqlen_q, seqlen_k, head_dim), torch.bfloat16, name, causal, seed)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", MASK_MODS)
+def test_mask_mods_on_every_knob(variant, name):
+    """Every kind of knob set (the ring, overlap or not, ping-pong, one and three consumers: the table's tile
+    follows block_m x consumers), fp16, causal and not."""
+    head_dim = 64 if variant == "three consumers" else 128
+    for causal in (False, True):
+        run_mask_mod(FwdKnobs(**VARIANTS[variant]), (1, 4, 2, 1000, 4097, head_dim), torch.float16, name, causal)
+
+
+@pytest.mark.parametrize("name", MASK_MODS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_mask_mod_gradients(name, causal):
+    """Through autoflash.attention (its default: this forward from 512 queries, tl's backward), lse's gradient
+    too."""
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, torch.bfloat16, "cuda", seed=3)
+    mod = mask_mod(name, 1000)
+    problem = Problem.from_tensors(q, k, causal, mask_mod=mod.fingerprint())
+    assert families.default_knobs(problem, current(q.device)).family == "gluon"
+    assert_gradients_match(q, k, v, causal, with_lse=True, mask_mod=mod)

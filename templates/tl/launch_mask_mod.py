@@ -27,9 +27,11 @@ _STRIDES = {"Mask_rows": ("stride_rows_b", "stride_rows_h", "stride_rows_m"),
             "Mask_cols": ("stride_cols_b", "stride_cols_h", "stride_cols_n")}
 
 
-def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile, variant, fixed):
-    """`forward(q, k, v, out, lse, *variant tensors)`: the fixed variants' forward plan with the mask's table."""
-    tables = _Tables(kernels, variant, q, k, causal, [("Mask_rows", knobs["block_m"], knobs["block_n"])], compile)
+def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile, variant, fixed, tile_m=None):
+    """`forward(q, k, v, out, lse, *variant tensors)`: the fixed variants' forward plan with the mask's table, a row
+    per tile_m query rows (block_m unless given: the Gluon forward's tile is its consumers' rows together)."""
+    tables = _Tables(kernels, variant, q, k, causal, [("Mask_rows", tile_m or knobs["block_m"], knobs["block_n"])],
+                     compile)
     plan = fixed.forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compile, tables.variant)
 
     def forward(q, k, v, out, lse, *tensors):

@@ -133,8 +133,10 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
         why.append("paged KV caches run in the tl family only")
     elif "VARLEN" in problem.variants and problem.gates() - {"VARLEN"}:
         why.append(f"packed sequences run in the Gluon {what} without other variants; with them in tl")
-    # Both directions render the fixed variants (window, softcap, ALiBi: the templates' gates), not a mod.
-    unsupported = problem.gates() - problem.variants - {"WINDOW", "SOFTCAP", "ALIBI"}
+    # Both directions render the fixed variants (window, softcap, ALiBi: the templates' gates); the forward a
+    # mask_mod too (its key blocks from the mask's block table, templates/gluon/launch_mask_mod.py), not a score_mod.
+    rendered = {"WINDOW", "SOFTCAP", "ALIBI"} | ({"MASK_MOD"} if knobs.DIRECTION == "fwd" else set())
+    unsupported = problem.gates() - problem.variants - rendered
     if unsupported:
         why.append(f"the Gluon {what} has no {', '.join(sorted(unsupported))}: the tl family runs them")
     if gpu.family == "interpreter":
@@ -212,7 +214,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     128-key blocks, overlap, two Q tiles where they fit, a persistent grid; under causal masking its programs
     claim tiles from a counter (the tiles' work is unequal: G6, +2% geomean over the grid's causal cells against
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
-    without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q. None where
+    without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q; a mask_mod's
+    tiles claim from the counter too (the block table leaves their work unequal, as causal masking does). None where
     the family cannot run the problem. The backward (every untuned backward's default where it runs:
     autoflash.families.default_order): two consumer warpgroups, 64-row steps (32 past head dim
     128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
@@ -229,7 +232,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     else:
         three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
         knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
-                         consumer_regs=160 if three else 240, dynamic=problem.causal, stage_o_in_q=d > 128,
+                         consumer_regs=160 if three else 240, dynamic=problem.causal or bool(problem.mask_mod),
+                         stage_o_in_q=d > 128,
                          q_buffers=2)
         fallback = replace(knobs, q_buffers=1)
     return next((k for k in (knobs, fallback) if not violations(k, problem, gpu)), None)
