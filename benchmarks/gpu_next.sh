@@ -222,7 +222,7 @@ gluon-varlen-bwd)  # branch gbwd-varlen: the Gluon backward's VARLEN gate (NOTES
     ;;
 varlen-retune)  # after gluon-varlen: the packed problems' forward searched with the Gluon family, merged
     cp tuning_db/h100.db /tmp/varlen.db
-    limit 240 python -m autoflash tune --gpu h100 --mode fwd --shapes examples/varlen.yaml --trials "${TRIALS:-4}" \
+    limit 240 python -m autoflash tune --gpu h100 --mode "${MODE:-fwd}" --shapes examples/varlen.yaml --trials "${TRIALS:-4}" \
         --db /tmp/varlen.db > "$out/${day}_h100_varlen_retune.log" 2>&1
     echo "varlen retune rc $?"; tail -n 4 "$out/${day}_h100_varlen_retune.log"
     python -m autoflash merge --into tuning_db/h100.db /tmp/varlen.db --current-only --standalone

@@ -2,6 +2,7 @@
 ones: problems files, the trials' lengths, the searched space, dispatch's preference, and end to end under Triton's
 interpreter."""
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -114,12 +115,14 @@ def test_tuned_varlen_and_kvcache_problems_are_shown_and_dispatched(tmp_path, mo
                       " kvcache: {page_size: 16}}\n")
     url = f"sqlite:///{tmp_path / 'packed.db'}"
     result = CliRunner().invoke(main, ["tune", "--interpret", "--shapes", str(shapes), "--trials", "2", "--db", url,
-                                       "--seed", "0"])
+                                       "--seed", "0", "--mode", "both"])
     assert result.exit_code == 0, result.output
     shown = CliRunner().invoke(main, ["show", "--db", url])
     assert shown.exit_code == 0, shown.output
     assert "b3 h2/1 s32 d16 causal fp16 varlen" in shown.output
-    assert "b3 h2/1 s1/64 d16 fp16 paged varlen page16" in shown.output
+    assert re.search(r"b3 h2/1 s1/64 d16 fp16 paged varlen page16\s+fwd", shown.output)
+    assert re.search(r"b3 h2/1 s32 d16 causal fp16 varlen\s+bwd", shown.output)
+    assert not re.search(r"page16\s+bwd", shown.output), "a KV cache has no backward to tune"
 
     chosen = []
     dispatcher = Dispatcher([url])

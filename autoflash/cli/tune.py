@@ -73,6 +73,8 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
             for problem in problems:
                 for direction in directions:
+                    if direction == "bwd" and "PAGED" in problem.variants:
+                        continue  # a KV cache serves decode and chunked prefill, which have no backward
                     target = trials or (10 ** 9 if sampler == "grid" else 60)
                     label = f"{problem.label()} {direction}"
                     with click.progressbar(length=min(target, 10 ** 4), label=label, file=sys.stderr) as bar:

@@ -74,7 +74,8 @@ class _Tables:
             self.states.append((shape, compile(
                 kernels._mask_mod_states, (shape[2], shape[3], batch * heads),
                 (states, *captures, q.shape[2], k.shape[2], heads, *(t.numel() for t in captures)),
-                dict(IS_CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n), 1 + self.count)))
+                dict(IS_CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, ROWS=block_m & -block_m),
+                1 + self.count)))
         tables = self.of(tuple(tensors.values()))
         args = dict(variant["args"])
         for (name, _, _), table in zip(layouts, tables):
