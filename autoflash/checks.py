@@ -1,6 +1,7 @@
 """The checks of `attention`'s arguments, needing only torch: autoflash.attention runs them, and exported
 packages carry a copy (`_checks.py`), so that both refuse the same inputs with the same one-line errors."""
 
+import hashlib
 import math
 import numbers
 
@@ -224,7 +225,7 @@ def check_mask_mod(mask_mod, window: tuple[int, int], q) -> None:
     """A mask_mod (an autoflash.MaskMod) runs without a window (the mod can hold one), its captures on q's
     device."""
     if window != (-1, -1):
-        raise ValueError(f"mask_mod {mask_mod.fn.__name__} with window_size {window}: write the window into the mod, "
+        raise ValueError(f"{mask_mod.title} with window_size {window}: write the window into the mod, "
                          "e.g. (kv_idx <= q_idx + right) & (kv_idx >= q_idx - left), and leave window_size")
     check_captures(mask_mod, q)
 
@@ -233,5 +234,12 @@ def check_captures(mod, q) -> None:
     """A mod's (autoflash.MaskMod, ScoreMod) captures are on q's device."""
     for i, t in enumerate(mod.captures):
         if t.device != q.device:
-            raise ValueError(f"{mod.KIND.label} {mod.fn.__name__}: capture {i} is on {t.device}, q on {q.device}: "
+            raise ValueError(f"{mod.title}: capture {i} is on {t.device}, q on {q.device}: "
                              "pass it .to(q.device)")
+
+
+def mod_fingerprint(source: str, captures) -> str:
+    """A mod's identity in a problem (autoflash.MaskMod's and ScoreMod's `fingerprint`, and an exported package's
+    mods'): its rendered `source` and its captures' dtypes and ranks, not their data."""
+    kinds = ",".join(f"{t.dtype}/{t.dim()}" for t in captures)
+    return hashlib.sha256(f"{source}\0{kinds}".encode()).hexdigest()[:16]

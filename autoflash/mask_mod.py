@@ -19,12 +19,13 @@ The checking and rendering (`Kind`, `Mod`, `checked`, `rendered`) serve autoflas
 
 import ast
 import copy
-import hashlib
 import inspect
 import textwrap
 from typing import NamedTuple
 
 import torch
+
+from autoflash.checks import mod_fingerprint
 
 _OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.BitAnd, ast.BitOr, ast.BitXor,
               ast.LShift, ast.RShift, ast.Invert, ast.USub, ast.UAdd, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt,
@@ -85,8 +86,12 @@ class Mod:
 
     def fingerprint(self) -> str:
         """The mod's identity in a problem: its rendered source and its captures' dtypes and ranks (not data)."""
-        kinds = ",".join(f"{t.dtype}/{t.dim()}" for t in self.captures)
-        return hashlib.sha256(f"{self.rendered.source}\0{kinds}".encode()).hexdigest()[:16]
+        return mod_fingerprint(self.rendered.source, self.captures)
+
+    @property
+    def title(self) -> str:
+        """The mod in messages: 'mask_mod same_document'."""
+        return f"{self.KIND.label} {getattr(self.fn, '__name__', '?')}"
 
     def with_captures(self, captures) -> "Mod":
         mod = type(self).__new__(type(self))

@@ -65,10 +65,10 @@ def tune_show_and_export(tmp_path, fields: str, trials: int, shown: str, problem
     assert exported.exit_code == 0 and exported.output.count(f"{problems} from tuning records") == 2, exported.output
 
 
-def run_exported(tmp_path, script: str) -> None:
-    """`script` (given the folder that holds the package) in a fresh interpreter without autoflash: it prints
-    'exported ok'."""
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+def run_exported(tmp_path, script: str, *args: str) -> None:
+    """`script` (given the folder that holds the package, then `args`) in a fresh interpreter without autoflash: it
+    prints 'exported ok'."""
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path), *args], capture_output=True, text=True,
                           env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert done.returncode == 0 and "exported ok" in done.stdout, done.stderr
 
