@@ -26,7 +26,7 @@ from autoflash.knobs import Knobs
 from autoflash.launch import compile_launch
 from autoflash.mask_mod import Rendered
 from autoflash.problem import VARIANTS
-from autoflash.resources import data_dir, launcher
+from autoflash.resources import borrowed_launchers, data_dir, launcher
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(data_dir("templates")),
@@ -53,18 +53,35 @@ def template_fingerprint(family: str, direction: str = "fwd", variants: frozense
     unused = frozenset(VARIANTS) - variants
     others = [d for d in families.DIRECTIONS if d != direction]
     root = data_dir("templates")
-    digest = hashlib.sha256()
-    for path in sorted([*(root / "common").iterdir(), *(root / family).iterdir()]):
+
+    def counts(path: Path) -> bool:
         # (a file named for variants, launch_window_softcap_alibi.py, counts for problems using one of them)
         named = {name for name in VARIANTS if re.search(rf"(^|_){name.lower()}[_.]", path.name)}
         if path.name == f"launch_{FIXED_VARIANTS}.py":
             named.add("MASK_MOD")  # (launch_mask_mod.py builds on it)
-        if path.is_file() and not any(f"_{d}." in path.name for d in others) and not (named and named <= unused):
-            content = path.read_bytes()
-            if path.name.endswith(".jinja"):
-                content = _ungated(content.decode(), unused).encode()
-            digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + content + b"\0")
+        return path.is_file() and not any(f"_{d}." in path.name for d in others) and not (named and named <= unused)
+
+    # The family's files, then what they take from another family's folder: templates they include and
+    # launchers the loader hands theirs (BORROWED), each once.
+    todo, seen = sorted(p for p in [*(root / "common").iterdir(), *(root / family).iterdir()] if counts(p)), set()
+    digest = hashlib.sha256()
+    while todo:
+        path = todo.pop(0)
+        if path in seen or not counts(path):
+            continue
+        seen.add(path)
+        content = path.read_bytes()
+        if path.name.endswith(".jinja"):
+            text = _ungated(content.decode(), unused)
+            content = text.encode()
+            todo += [root / name for name in _INCLUDE.findall(text)]
+        elif path.suffix == ".py":
+            todo += borrowed_launchers(content.decode(), root)
+        digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + content + b"\0")
     return digest.hexdigest()[:16]
+
+
+_INCLUDE = re.compile(r'\{%-?\s*include\s+"([^"]+)"')
 
 
 # A tag alone on its line with that line's indentation, else the tag alone; the newline after it (trim_blocks).

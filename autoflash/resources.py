@@ -6,11 +6,15 @@ a source checkout keeps them at the project root.
 """
 
 import importlib.util
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
+# A launcher global set by the loader to another family's launcher part: `tables`, the `tl` family's tile tables of
+# packed sequences; `masks`, its mask_mod block tables.
+BORROWED = {"tables": ("tl", "varlen"), "masks": ("tl", "mask_mod")}
 
 
 def data_dir(name: str) -> Path:
@@ -24,12 +28,12 @@ def data_dir(name: str) -> Path:
     )
 
 
-def launcher_path(family: str, part: str = "") -> Path:
+def launcher_path(family: str, part: str = "", templates: Path | None = None) -> Path:
     """A launcher of `family`, plain Python that needs only torch and triton: templates/<family>/launch_<part>.py
     where the family has one (`part`: a direction, "bwd", or a variant's name in lower case, "varlen": its edits
     then leave the fingerprints of the family's other kernels alone), else templates/common/launch_<part>.py
     where every family shares one (the fixed variants' plans), else templates/<family>/launch.py."""
-    templates = data_dir("templates")
+    templates = templates or data_dir("templates")
     for path in (templates / family / f"launch_{part}.py", templates / "common" / f"launch_{part}.py"):
         if part and path.is_file():
             return path
@@ -40,9 +44,8 @@ def launcher_path(family: str, part: str = "") -> Path:
 def launcher(family: str, part: str = ""):
     """The imported module of `launcher_path(family, part)` (once per process and family); one of its own gets the
     family's launch.py module as its global `base` (to build on its helpers), one that declares `base_bwd`
-    the family's backward launcher there too (launch_bwd.py where the family has one), one that declares
-    `tables` the `tl` family's packed-sequence launcher (its tile tables), and one that declares `masks` the `tl`
-    family's mask_mod launcher (its block tables)."""
+    the family's backward launcher there too (launch_bwd.py where the family has one), and one that declares a
+    name of BORROWED that launcher."""
     path = launcher_path(family, part)
     name = f"autoflash_{family}_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -53,8 +56,14 @@ def launcher(family: str, part: str = ""):
         module.base = launcher(family)
         if hasattr(module, "base_bwd"):
             module.base_bwd = launcher(family, "bwd")
-        if hasattr(module, "tables"):  # a packed-sequence launcher on the `tl` family's tile tables
-            module.tables = launcher("tl", "varlen")
-        if hasattr(module, "masks"):  # a mask_mod launcher on the `tl` family's block tables
-            module.masks = launcher("tl", "mask_mod")
+        for name, (other, part) in BORROWED.items():
+            if hasattr(module, name):
+                setattr(module, name, launcher(other, part))
     return module
+
+
+def borrowed_launchers(source: str, templates: Path) -> list[Path]:
+    """The files under `templates` that a launcher's `source` builds on from another family (its BORROWED
+    globals' launchers and their launch.py), for the template fingerprint."""
+    return [path for name, (other, part) in BORROWED.items() if re.search(rf"^{name} = None\b", source, re.M)
+            for path in (launcher_path(other, part, templates), launcher_path(other, "", templates))]

@@ -77,6 +77,14 @@ def test_fingerprint_names_the_template_text(tmp_path, monkeypatch):
         edit("gluon/launch_bwd.py", [("gluon", "bwd")])  # a direction's own launcher
         edit("gluon/launch.py", [("gluon", "fwd"), ("gluon", "bwd")])
         edit("common/_bounds.py.jinja", list(before))  # shared by all
+        # The Gluon family's packed and mask_mod kernels build on tl's tables (launchers the loader hands theirs,
+        # a template included): tl's files count for those problems' Gluon fingerprints too, not for plain ones.
+        for variant, tl_file in (("VARLEN", "tl/launch_varlen.py"), ("MASK_MOD", "tl/launch_mask_mod.py"),
+                                 ("MASK_MOD", "tl/_mask_mod.py.jinja")):
+            packed = {d: codegen.template_fingerprint("gluon", d, frozenset({variant})) for d in ("fwd", "bwd")}
+            edit(tl_file, [])
+            assert all(codegen.template_fingerprint("gluon", d, frozenset({variant})) != packed[d]
+                       for d in ("fwd", "bwd") if d == "fwd" or variant == "VARLEN"), tl_file
     finally:
         codegen.template_fingerprint.cache_clear()
 
