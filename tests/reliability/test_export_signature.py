@@ -110,14 +110,20 @@ def test_bad_arguments_get_autoflash_attentions_errors(exported, bad):
     assert errors[0] == errors[1] and "\n" not in errors[0][1], errors
 
 
-def test_a_mask_mod_is_refused_by_name(exported):
-    """mask_mod problems are not exportable yet: the package says so rather than ignoring the mask."""
-    q, k, v = inputs()
-    with pytest.raises(ValueError, match="no mask_mod kernels"):
-        exported.attention(q, k, v, causal=True, mask_mod=lambda b, h, q_idx, kv_idx: q_idx >= kv_idx)
+@pytest.mark.parametrize("kind", ["mask_mod", "score_mod"])
+def test_a_mod_the_export_lacks_is_refused_by_name(exported, kind):
+    """This export holds no mods: a mod is refused, named, rather than ignored (a plain function, which the
+    package cannot fingerprint without autoflash, by what to pass instead; autoflash's mod by its fingerprint)."""
+    def below_diagonal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
 
+    def halved(score, b, h, q_idx, kv_idx):
+        return score * 0.5
 
-def test_a_score_mod_is_refused_by_name(exported):
     q, k, v = inputs()
-    with pytest.raises(ValueError, match="no score_mod kernels"):
-        exported.attention(q, k, v, causal=True, score_mod=lambda score, b, h, q_idx, kv_idx: score)
+    fn = {"mask_mod": below_diagonal, "score_mod": halved}[kind]
+    wrapper = {"mask_mod": autoflash.MaskMod, "score_mod": autoflash.ScoreMod}[kind]
+    with pytest.raises(TypeError, match=f"{kind} must be this package's {wrapper.__name__}\\(name"):
+        exported.attention(q, k, v, causal=True, **{kind: fn})
+    with pytest.raises(ValueError, match=rf"\(fingerprint {wrapper(fn).fingerprint()}\) is not in this export"):
+        exported.attention(q, k, v, causal=True, **{kind: wrapper(fn)})
