@@ -6,6 +6,7 @@ Used as `loader="faulty_kernels:load"` (tests/ is on the workers' path); every o
 import ctypes
 import os
 import resource
+import sys
 import time
 
 import torch
@@ -51,6 +52,8 @@ def load(knobs):
     if knobs.exp == "exp" and knobs.num_stages == 3:
         return _WrongKernel(codegen.load(knobs))
     if knobs.exp == "exp" and knobs.num_stages == 4 and knobs.loads == "tma":
+        sys.stderr.write("faulty_kernels: an illegal memory access was encountered\n")
+        sys.stderr.flush()
         os._exit(3)  # dies like a worker after an illegal memory access
     if knobs.exp == "exp" and knobs.num_stages == 4:
         time.sleep(3600)

@@ -67,6 +67,7 @@ def test_runner_classifies_every_failure_and_keeps_going():
                                             "out_of_resources", "ok"]
     assert "forced compile failure" in outcomes[0].error and "relative error" in outcomes[1].error
     assert "exit code -11" in outcomes[4].error and "allocate" in outcomes[5].error
+    assert outcomes[2].error == "worker died (exit code 3): faulty_kernels: an illegal memory access was encountered"
     assert outcomes[6].median_ms > 0 and sorted(map(str, heard)) == sorted(map(str, variants))
 
 

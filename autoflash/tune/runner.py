@@ -4,11 +4,12 @@ Compile workers (one per core, GPU only) render, compile and run each variant on
 measurement and in parallel: Triton compilation is CPU-bound. One measuring worker then checks
 and times the variants that compiled, one at a time. A worker that dies (an illegal memory
 access) or outlives the per-trial timeout is killed and replaced, and its variant is recorded as
-crashed or timeout; the run goes on.
+crashed (with the last line the worker wrote to stderr) or timeout; the run goes on.
 """
 
 import multiprocessing
 import os
+import tempfile
 import time
 from dataclasses import replace
 from multiprocessing.connection import wait
@@ -23,6 +24,13 @@ from autoflash.tune.trial import Bench, Outcome, classify
 
 DEFAULT_LOADER = "autoflash.codegen:load"
 _STARTUP_TIMEOUT = 600.0  # importing torch and building a problem's inputs and reference
+
+
+def _worker(conn, role: str, stderr: str, loader: str, interpret: bool):
+    """A worker process: its stderr into the file `stderr` (whose last line tells why it died, if it does), then
+    `_serve`."""
+    os.dup2(os.open(stderr, os.O_WRONLY | os.O_APPEND), 2)
+    _serve(conn, role, loader, interpret)
 
 
 def _serve(conn, role: str, loader: str, interpret: bool):
@@ -76,10 +84,18 @@ class _Worker:
     def _start(self):
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, self.role, *self.args), daemon=True)
+        self.stderr = tempfile.NamedTemporaryFile(prefix=f"autoflash_{self.role}_", suffix=".log")
+        self.process = ctx.Process(target=_worker, args=(child, self.role, self.stderr.name, *self.args), daemon=True)
         self.process.start()
         child.close()
         self.ready = False
+
+    def last_words(self) -> str:
+        """The last line the worker wrote to stderr: a dead worker's traceback ends with its error."""
+        self.stderr.seek(0, os.SEEK_END)
+        self.stderr.seek(max(0, self.stderr.tell() - 4096))
+        lines = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
+        return lines[-1][:300] if lines else ""
 
     def wait_ready(self):
         if self.ready:
@@ -97,6 +113,7 @@ class _Worker:
         self.process.kill()
         self.process.join()
         self.conn.close()
+        self.stderr.close()
         self._start()
 
     def close(self):
@@ -108,6 +125,7 @@ class _Worker:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
+        self.stderr.close()
 
 
 class Runner:
@@ -166,8 +184,9 @@ class Runner:
                     outcome = conn.recv()
                 except (EOFError, OSError):  # the process died under the variant
                     worker.process.join(5)  # reaped, so that its exit code (-11: a segfault) is known
-                    outcome = Outcome("crashed", error=f"worker died (exit code {worker.process.exitcode})",
-                                      fatal=True)
+                    words = worker.last_words()
+                    outcome = Outcome("crashed", error=f"worker died (exit code {worker.process.exitcode})"
+                                      + (f": {words}" if words else ""), fatal=True)
                 outcomes[worker.job] = outcome
                 on_outcome(worker.job, outcome)
                 worker.job = None
