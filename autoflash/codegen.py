@@ -63,7 +63,7 @@ def template_fingerprint(family: str, direction: str = "fwd", variants: frozense
 
     # The family's files, then what they take from another family's folder: templates they include and
     # launchers the loader hands theirs (BORROWED), each once.
-    todo, seen = sorted(p for p in [*(root / "common").iterdir(), *(root / family).iterdir()] if counts(p)), set()
+    todo, seen = sorted([*(root / "common").iterdir(), *(root / family).iterdir()]), set()
     digest = hashlib.sha256()
     while todo:
         path = todo.pop(0)

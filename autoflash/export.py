@@ -22,7 +22,7 @@ from autoflash.families import DIRECTIONS
 from autoflash.gpu import Gpu
 from autoflash.mask_mod import Mod
 from autoflash.problem import Problem
-from autoflash.resources import launcher_path
+from autoflash.resources import BORROWED, borrowed, launcher_path
 
 
 def chosen(problems: list[Problem], gpu: Gpu, dispatcher: Dispatcher) -> dict[Problem, dict[str, Choice]]:
@@ -69,8 +69,10 @@ def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str
         shutil.copyfile(launcher_path(family, direction), out / f"launch_{family}_{direction}.py")
     for family in fixed:  # the fixed variants' plans, on top of the family's (package.py.jinja sets their `base`)
         shutil.copyfile(launcher_path(family, codegen.FIXED_VARIANTS), out / f"launch_{family}_variants.py")
-    for family in masked | ({"tl"} if masked else set()):  # a mask_mod's plans (every family's on tl's block tables)
-        shutil.copyfile(launcher_path(family, codegen.MASK_MOD), out / f"launch_{family}_{codegen.MASK_MOD}.py")
+    for family in masked:  # a mask_mod's plans, with the launchers they build on from another family (BORROWED)
+        own = launcher_path(family, codegen.MASK_MOD)
+        for other, part in [(family, codegen.MASK_MOD), *borrowed(own.read_text())]:
+            shutil.copyfile(launcher_path(other, part), out / f"launch_{other}_{part}.py")
     shutil.copyfile(launch.__file__, out / "_launch.py")
     shutil.copyfile(checks.__file__, out / "_checks.py")
     fingerprints = ", ".join(f"{d} {f} {codegen.template_fingerprint(f, d)}" for f, d in sorted(used))
@@ -79,7 +81,8 @@ def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str
                                                         mod.rendered.captures)))
                 for fingerprint, mod in exported.items()]
     (out / "__init__.py").write_text(codegen.render_template(
-        "export/package.py.jinja", ROWS=rows, MODS=mod_rows, GPU=gpu_family, FINGERPRINTS=fingerprints))
+        "export/package.py.jinja", ROWS=rows, MODS=mod_rows, GPU=gpu_family, FINGERPRINTS=fingerprints,
+        BORROWED=repr(BORROWED)))
     return out
 
 

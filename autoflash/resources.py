@@ -56,14 +56,20 @@ def launcher(family: str, part: str = ""):
         module.base = launcher(family)
         if hasattr(module, "base_bwd"):
             module.base_bwd = launcher(family, "bwd")
-        for name, (other, part) in BORROWED.items():
+        for name, (other, other_part) in BORROWED.items():
             if hasattr(module, name):
-                setattr(module, name, launcher(other, part))
+                setattr(module, name, launcher(other, other_part))
     return module
 
 
+def borrowed(source: str) -> list[tuple[str, str]]:
+    """(family, part) of each launcher that a launcher's `source` builds on from another family: the BORROWED
+    globals it declares."""
+    return [BORROWED[name] for name in BORROWED if re.search(rf"^{name} = None\b", source, re.M)]
+
+
 def borrowed_launchers(source: str, templates: Path) -> list[Path]:
-    """The files under `templates` that a launcher's `source` builds on from another family (its BORROWED
-    globals' launchers and their launch.py), for the template fingerprint."""
-    return [path for name, (other, part) in BORROWED.items() if re.search(rf"^{name} = None\b", source, re.M)
+    """The files under `templates` that a launcher's `source` builds on from another family (`borrowed`'s
+    launchers and their launch.py), for the template fingerprint."""
+    return [path for other, part in borrowed(source)
             for path in (launcher_path(other, part, templates), launcher_path(other, "", templates))]
