@@ -34,6 +34,8 @@
 #                                                                       over packed sequences, tests then speed (NOTES V4)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-maskmod $OUT  # branch gluon-maskmod: the Gluon forward's
 #                                                                       mask_mod gate, tests then speed (NOTES G8)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-maskmod-bwd $OUT  # branch gbwd-maskmod: the Gluon
+#                                                                       backward's mask_mod gate, tests then speed (NOTES G-bwd19)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -236,6 +238,16 @@ gluon-maskmod)  # branch gluon-maskmod: the Gluon forward's MASK_MOD gate (NOTES
     limit 180 python benchmarks/variants.py --cases 'documents,causal documents,prefix-lm' \
         --knobs '[{}, {"family": "tl", "default": true}]' --out "$out/${day}_h100_variants_gluon_maskmod.jsonl" \
         2>&1 | grep -v Warn
+    ;;
+gluon-maskmod-bwd)  # branch gbwd-maskmod: the Gluon backward's MASK_MOD gate (NOTES G-bwd19), correctness first;
+    # then the backward as dispatched (untuned: the Gluon default) beside tl's default and FlexAttention
+    limit 420 python -m pytest -q -m gpu -n 8 tests/test_gluon_bwd.py tests/test_gluon_fwd.py::test_mask_mod_gradients \
+        tests/test_mask_mod.py -k mask_mod \
+        -p no:cacheprovider > "$out/${day}_h100_gpu_tests_gluon_maskmod_bwd.log" 2>&1
+    echo "maskmod bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_maskmod_bwd.log" | tail
+    limit 170 python benchmarks/variants.py --cases 'documents,causal documents,prefix-lm' \
+        --knobs '[{}, {"family": "tl", "default": true, "direction": "bwd"}]' \
+        --out "$out/${day}_h100_variants_gluon_maskmod_bwd.jsonl" 2>&1 | grep -v Warn
     ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast

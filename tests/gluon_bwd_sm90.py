@@ -25,8 +25,12 @@ def _launcher():
     return module
 
 
-def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False, variants=()):
-    """The module's `attn_bwd` (rendered with the `variants` gates) compiled for sm_90 (triton's CompiledKernel)."""
+def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False, variants=(),
+                     mask_mod: str = ""):
+    """The module's `attn_bwd` (rendered with the `variants` gates, and `mask_mod` as gluon_sm90.render's) compiled
+    for sm_90 (triton's CompiledKernel)."""
+    captures = 1 if mask_mod == "documents" else 0
+    row = 2 * (16 + 1)  # (the block table's row: 1000 queries in up to 16 blocks)
     block_d = max(16, triton.next_power_of_2(head_dim))
     launch = _launcher()
     q, kv = (descriptor(rows, head_dim, dtype) for rows in (knobs["block_m"],
@@ -45,13 +49,16 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
         rows = MockTensor(_TorchDtype("float32"), [8 * 1000])
     slopes = (MockTensor(_TorchDtype("float32"), [4]),) if "ALIBI" in variants else ()
     args = (q, kv, kv, q, dkv, dkv, dq, rows, rows, *slopes,  # q, k, v, do, dk, dv, dq; lse, delta; ALiBi's slopes
+            *((*(MockTensor(_TorchDtype("int32"), [1000]) for _ in range(captures)),  # the captures, the block table
+               MockTensor(_TorchDtype("int32"), [4 * 16 * row])) if mask_mod else ()),
             0.1, 4, 2, 1000, 1000,  # scale, heads_q, heads_kv, seqlens
             *((100, 0 if causal else 30) if "WINDOW" in variants else ()), *((30.0,) if "SOFTCAP" in variants else ()),
             *((0,) if "ALIBI" in variants else ()),  # window_left, window_right; softcap; ALiBi's batch stride
             *((*(MockTensor(_TorchDtype("int32"), [8]) for _ in range(3)),  # cu_seqlens_q, cu_seqlens_k, table
                *(MockTensor(_TorchDtype(dtype), [2 * 1000 * head_dim]) for _ in range(2)),  # dk, dv
                1000, head_dim, 2 * head_dim, head_dim, 2 * head_dim, head_dim)  # lse/delta, dk, dv strides; head_dim
-              if "VARLEN" in variants else ()))
+              if "VARLEN" in variants else ()),
+            *((0, 16 * row, row, *(1000 for _ in range(captures))) if mask_mod else ()))  # table strides, lengths
     options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, num_warps=4)
     return compile_kernel(module.attn_bwd, args, options)
 
@@ -94,7 +101,17 @@ CASES = [({}, 128, "float16", False),
          (dict(block_m=32), 256, "bfloat16", False, ["VARLEN"]),
          (dict(block_m=32), 256, "bfloat16", True, ["VARLEN"]),
          (dict(group_splits=2), 128, "bfloat16", True, ["VARLEN"]),
-         (dict(dq_writer=True, num_buffers=3), 64, "float16", True, ["VARLEN"])]
+         (dict(dq_writer=True, num_buffers=3), 64, "float16", True, ["VARLEN"]),
+         # mask_mods (the document mask from a captured tensor, prefix-LM): query blocks from the mask's block table
+         ({}, 64, "bfloat16", False, ["MASK_MOD"], "documents"),
+         ({}, 64, "bfloat16", True, ["MASK_MOD"], "prefix-lm"),
+         ({}, 128, "bfloat16", False, ["MASK_MOD"], "documents"),
+         ({}, 128, "bfloat16", True, ["MASK_MOD"], "documents"),
+         ({}, 128, "bfloat16", True, ["MASK_MOD"], "prefix-lm"),
+         (dict(block_m=32), 256, "bfloat16", False, ["MASK_MOD"], "documents"),
+         (dict(block_m=32), 256, "bfloat16", True, ["MASK_MOD"], "prefix-lm"),
+         (dict(group_splits=2), 128, "bfloat16", True, ["MASK_MOD"], "documents"),
+         (dict(dq_writer=True), 128, "bfloat16", True, ["MASK_MOD"], "documents")]
 
 
 def report(cases) -> list[dict]:
@@ -102,10 +119,10 @@ def report(cases) -> list[dict]:
     instructions in the PTX."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for change, head_dim, dtype, causal, *variants in cases:
-            knobs, variants = DEFAULT | change, variants[0] if variants else ()
-            compiled = compile_bwd_sm90(load(knobs, tmp, TEMPLATE, variants), knobs, head_dim, dtype, causal,
-                                        variants)
+        for change, head_dim, dtype, causal, *more in cases:
+            knobs, (variants, mask_mod) = DEFAULT | change, [*more, *((), "")[len(more):]]
+            compiled = compile_bwd_sm90(load(knobs, tmp, TEMPLATE, variants, mask_mod), knobs, head_dim, dtype, causal,
+                                        variants, mask_mod)
             ptx = compiled.asm["ptx"]
             rows.append(dict(shared=compiled.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
                              **ptxas_report(compiled)))

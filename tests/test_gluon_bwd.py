@@ -1,6 +1,6 @@
 """The Gluon backward on the GPU against the fp64 reference gradients (dq, dk, dv poisoned with NaN before each
 call): every knob point, ragged and unequal sequence lengths, causal and full, GQA and MQA, head dims 32..256, fp16
-and bf16, (B,S,H,D) views, the gradient of a returned lse, a plan run again. Launched through the family's launcher
+and bf16, (B,S,H,D) views, the gradient of a returned lse, a plan run again, the fixed variants and mask_mods. Launched through the family's launcher
 (codegen renders it; no dispatcher: every knob point, not only those dispatch picks)."""
 
 import itertools
@@ -17,6 +17,7 @@ from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, at
 from helpers import make_qkv
 from test_attention_variants import CASES as VARIANT_CASES, _slopes as variant_slopes
 from test_bwd_variants import run_variant
+from test_gluon_fwd import MASK_MODS, mask_mod
 
 pytestmark = pytest.mark.gpu
 
@@ -118,3 +119,60 @@ def test_lse_gradient_and_plan_reuse(causal):
         refs = attention_backward_reference(q, k, v, dout, causal, scale, dlse=dlse)
         for name, err in zip(("dq", "dk", "dv"), gradient_errors(grads, refs)):
             assert err < GRAD_TOLERANCE[q.dtype], f"seed {seed}: {name} relative error {err:.2e}"
+
+
+def run_mask_mod(knobs, shape, dtype, name, causal, seed=0):
+    """One launch of the Gluon backward with the mask_mod `name` (test_gluon_fwd.mask_mod; knobs None: the family's
+    default) from the fp64 reference's out and lse, with random dout and dlse (the returned lse's gradient), into
+    NaN-poisoned gradients, against the fp64 reference's (rows and keys the mask leaves alone get exact zeros)."""
+    q, k, v = make_qkv(*shape, dtype, "cuda", seed=seed)
+    mod = mask_mod(name, max(shape[3:5]))
+    problem = Problem.from_tensors(q, k, causal, mask_mod=mod.fingerprint())
+    knobs = knobs or default_knobs(problem, current(q.device), "bwd")
+    assert violations(knobs, problem, current(q.device)) == [], violations(knobs, problem, current(q.device))
+    scale = 0.7 / shape[-1] ** 0.5
+    out, lse = attention_reference(q, k, v, causal, scale, mask_mod=mod)
+    out, lse = out.to(dtype), lse.float()
+    gen = torch.Generator().manual_seed(seed + 100)
+    dout = torch.randn(q.shape, generator=gen).to(q)
+    dlse = torch.randn(lse.shape, generator=gen).to(lse)
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    variant = checks.variant_args(causal, (-1, -1), shape[3], shape[4], 0.0, None, mod)
+    codegen.load(knobs, problem.gates(), mod.rendered).backward(q, k, v, out, lse, dout, *grads, scale, causal, dlse,
+                                                                variant=variant)
+    expected = attention_backward_reference(q, k, v, dout, causal, scale, dlse, mask_mod=mod)
+    for grad_name, error in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
+        assert error < GRAD_TOLERANCE[dtype], f"{knobs} {shape} {name} causal={causal}: {grad_name} error {error:.2e}"
+
+
+BWD_MASK_MODS = MASK_MODS + ["heads apart"]
+
+
+@pytest.mark.parametrize("name", BWD_MASK_MODS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_mask_mods(name, head_dim, causal):
+    """The defaults (32-row steps past head dim 128; groups split under causal masking from 2k queries) with each
+    mask, GQA 4:1 at issue 16's lengths and unequal ones, MHA, bf16."""
+    for seed, (seqlen_q, seqlen_k) in enumerate([(1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097),
+                                                 (123, 1000), (1000, 123)]):
+        run_mask_mod(None, (2, 8, 2, seqlen_q, seqlen_k, head_dim), torch.bfloat16, name, causal, seed)
+    run_mask_mod(None, (1, 4, 4, 1000, 4097, head_dim), torch.bfloat16, name, causal, seed=9)
+
+
+@pytest.mark.parametrize("knobs, head_dim", VARIANTS, ids=str)
+@pytest.mark.parametrize("name", ["documents", "heads apart"])
+def test_mask_mods_on_every_knob(knobs, head_dim, name):
+    """Every knob point (step rows 32/64/128, one or two warpgroups, three ring slots, split groups, the dQ
+    writer) at the largest head dim it runs, GQA 4:1, fp16, causal and not: the document mask (a capture, a
+    1-token document) and the per-head one (query heads with no listed block; keys no row sees)."""
+    for causal in (False, True):
+        run_mask_mod(knobs, (1, 8, 2, 777, 1234, head_dim), torch.float16, name, causal, seed=int(causal))
+
+
+@pytest.mark.parametrize("group_splits", [2, 4, 8])
+@pytest.mark.parametrize("name", BWD_MASK_MODS)
+def test_mask_mods_in_split_groups(group_splits, name):
+    """A KV head's 8 query heads over 2, 4 or 8 programs (some with no listed block at all under `heads apart`)."""
+    for causal in (False, True):
+        run_mask_mod(BwdKnobs(group_splits=group_splits), (1, 16, 2, 1000, 1000, 128), torch.bfloat16, name, causal)

@@ -127,14 +127,15 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
     variants = set(variants[0] if variants else ())
     problem = Problem(2, 8, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
         window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
-        alibi="ALIBI" in variants)
+        alibi="ALIBI" in variants, mask_mod="0123456789abcdef" if "MASK_MOD" in variants else "")
     if "VARLEN" in variants:  # packed sequences (the kernel's shapes are a dense problem's)
         problem = dataclasses.replace(problem, variants=frozenset({"VARLEN"}))
     row = compiled_bwd[index]
     # At d128 S^T, dP^T, P^T's copy, dK and dV take ~232 of a consumer's 240 registers: a few loop scalars
     # spill (132 B under triton 3.6; NOTES G-bwd3), reloaded once a step; softcapping's tanh, live from S^T to
-    # dS^T, 352 B more (NOTES G-bwd15).
-    spill = 512 if "SOFTCAP" in variants and head_dim <= 128 else 256
+    # dS^T, 352 B more (NOTES G-bwd15); a mask_mod's walk of its block table's lists, 40-88 B under triton 3.9,
+    # 332-336 B beside the dQ writer's slots (NOTES G-bwd19).
+    spill = 512 if "SOFTCAP" in variants and head_dim <= 128 else 384 if "MASK_MOD" in variants else 256
     _assert_fits(row, knobs, problem, bwd_shared_memory_bytes(knobs, problem), spill_bytes=spill)
     assert row["wgmma"] >= 5, row  # S^T, dP^T, dV, dK, dQ: asynchronous wgmma each
 
@@ -313,6 +314,56 @@ def test_mask_mod_arguments_and_block_table_reach_the_forward():
     assert torch.equal(table[..., 0], (states == 1).sum(-1).int()) and torch.equal(table[..., 4],
                                                                                    (states == 2).sum(-1).int())
     assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
+
+
+def documents_by_head(b, h, q_idx, kv_idx, document_id):
+    return (document_id[q_idx] == document_id[kv_idx]) & (kv_idx <= q_idx + 50 * h)
+
+
+@pytest.mark.parametrize("head_dim, knobs", [(64, BwdKnobs()), (256, BwdKnobs(block_m=32, dq_writer=True))], ids=str)
+def test_mask_mod_arguments_and_block_table_reach_the_backward(head_dim, knobs):
+    """A mask_mod on the Gluon backward's plan (templates/gluon/launch_mask_mod.py on tl's table builder): the
+    slopes, the mod's capture and the transposed block table after the nine descriptors, the table's strides and
+    the capture's length by name, the delta kernel as it is; the table (built in the interpreter) has a row per
+    (query head: the mod reads h, key block of the program's keys, 128 up to head dim 128, else 64) listing its
+    block_m-row query blocks."""
+    from autoflash import checks
+    from autoflash.launch import compile_launch
+    from autoflash.mask_mod import MaskMod
+    from test_mask_mod import brute_force_states, documents
+
+    q = torch.empty(2, 4, 300, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(2, 2, 290, head_dim, dtype=torch.bfloat16)
+    lse, slopes = torch.empty(2, 4, 300), torch.rand(4)
+    mod = MaskMod(documents_by_head, documents(100, 1, 150, 49))
+    problem = Problem.from_tensors(q, k, True, alibi=True, mask_mod=mod.fingerprint())
+    variant = checks.variant_args(True, (-1, -1), 300, 290, 0.0, slopes, mod)
+    compiled = {}
+
+    def compile(kernel, grid, args, options, tensor_count):
+        if "States" in kernel.arg_names:  # the block table's kernel runs
+            return compile_launch(kernel, grid, args, options, tensor_count)
+        compiled[kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__] = (kernel, args, options,
+                                                                                      tensor_count)
+        return lambda *tensors: None
+    plan = codegen.load(knobs, problem.gates(), mod.rendered).backward_plan(
+        q, k, k, q, lse, q, q, k, k, 0.125, True, None, compile=compile, variant=variant)
+    plan(q, k, k, q, lse, q, q, k, k, None, slopes, *mod.captures)
+    kernel, args, options, tensor_count = compiled["attn_bwd"]
+    named = dict(zip(kernel.arg_names, args)) | options
+    assert tensor_count == 12 and kernel.arg_names[9:12] == ["Alibi", "Capture0", "Mask_cols"]
+    assert named["Capture0"] is mod.captures[0] and named["capture_len0"] == 300
+    block_n = 128 if head_dim <= 128 else 64
+    query_blocks, key_blocks = -(-300 // knobs.block_m), -(-290 // block_n)
+    table, half = named["Mask_cols"], query_blocks + 1
+    states = brute_force_states(mod, 1, 4, 300, 290, knobs.block_m, block_n, True)
+    assert table.shape == (1, 4, key_blocks, 2 * half)
+    assert (named["stride_cols_b"], named["stride_cols_h"], named["stride_cols_n"]) == (0, key_blocks * 2 * half,
+                                                                                         2 * half)
+    assert torch.equal(table[..., 0], (states == 1).sum(-2).int())
+    assert torch.equal(table[..., half], (states == 2).sum(-2).int())
+    assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
+    assert compiled["_attn_bwd_delta"][3] == 7  # (no variant parameter: launched as the plain plan has it)
 
 
 def test_backward_delta_kernel():

@@ -1,7 +1,7 @@
 """The Gluon forward on the GPU against the fp64 reference: every kind of variant, ragged and unequal
 sequence lengths, causal and full, GQA and MQA, head dims 40..256, fp16 and bf16, (B,S,H,D) views, mask_mods;
 outputs and lse poisoned before each call. Launched through the family's launcher (codegen renders it; no
-dispatcher), but the mask_mods' gradients (autoflash.attention: this forward, tl's backward)."""
+dispatcher), but the mask_mods' gradients (autoflash.attention: this forward and the Gluon backward)."""
 
 import pytest
 import torch
@@ -126,12 +126,20 @@ def rows_that_see_nothing(b, h, q_idx, kv_idx):
     return (q_idx % 3 != 1) & (q_idx < 300) & (kv_idx <= q_idx + 40)
 
 
+def heads_apart(b, h, q_idx, kv_idx):
+    """Even query heads see up to 50 x h keys past their diagonal (17 more in batch entry 1), odd ones none (the
+    backward's walk over a KV head's query heads passes over them; the tables have batch and head dimensions)."""
+    return (h % 2 == 0) & (kv_idx <= q_idx + 50 * h + 17 * b)
+
+
 def mask_mod(name, seqlen):
     """Issue 16's masks for up to `seqlen` positions: documents of uneven lengths (one of a single token) from a
-    captured tensor, prefix-LM, and a mask that leaves rows without a key (out 0, lse -inf, as tl's)."""
+    captured tensor, prefix-LM, a mask that leaves rows without a key (out 0, lse -inf, as tl's), and one per
+    batch entry and head."""
     if name == "documents":
         return MaskMod(same_document, documents(5, 1, 17, 300, 1000, max(seqlen - 1323, 1)))
-    return MaskMod({"prefix-lm": prefix_lm, "rows that see nothing": rows_that_see_nothing}[name])
+    return MaskMod({"prefix-lm": prefix_lm, "rows that see nothing": rows_that_see_nothing,
+                    "heads apart": heads_apart}[name])
 
 
 def run_mask_mod(knobs, shape, dtype, name, causal, seed=0):
@@ -174,10 +182,11 @@ def test_mask_mods_on_every_knob(variant, name):
 @pytest.mark.parametrize("name", MASK_MODS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_mask_mod_gradients(name, causal):
-    """Through autoflash.attention (its default: this forward from 512 queries, tl's backward), lse's gradient
-    too."""
+    """Through autoflash.attention (its defaults: this forward from 512 queries, the Gluon backward), lse's
+    gradient too."""
     q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, torch.bfloat16, "cuda", seed=3)
     mod = mask_mod(name, 1000)
     problem = Problem.from_tensors(q, k, causal, mask_mod=mod.fingerprint())
     assert families.default_knobs(problem, current(q.device)).family == "gluon"
+    assert families.default_knobs(problem, current(q.device), "bwd").family == "gluon"
     assert_gradients_match(q, k, v, causal, with_lse=True, mask_mod=mod)

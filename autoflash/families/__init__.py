@@ -22,8 +22,7 @@ DIRECTIONS = ("fwd", "bwd")
 # ALiBi 1.09-1.45x faster than tl's (NOTES 58); below 512 queries the forward tries tl first (decode, 257
 # tokens: its small tiles and key splits won). The backward keeps Gluon first at every length: timed on the
 # database's short problems (decode, 128-1000 tokens), its default beat tl's on all but three (NOTES 58).
-# Elsewhere (another GPU, the interpreter, paged caches, a score_mod, a mask_mod's backward) gluon has no default
-# and tl's runs.
+# Elsewhere (another GPU, the interpreter, paged caches, a score_mod) gluon has no default and tl's runs.
 DEFAULT_ORDER = {"fwd": ("gluon", "tl", "fa1"), "bwd": ("gluon", "tl")}
 SHORT_FWD_ORDER, SHORT_FWD_QUERIES = ("tl", "gluon", "fa1"), 512  # the forward's order below 512 queries
 

@@ -40,12 +40,15 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
 
 
 def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile, variant,
-                  fixed):
+                  fixed, layouts=None):
     """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *variant tensors)`: the fixed variants' backward plan
     with the mask's tables: the dK/dV programs' (block_m query rows by block_n keys, by key block) and the dQ
-    pass's (block_n query rows by block_m keys; none where dQ is added atomically)."""
-    block_m, block_n = knobs["block_m"], knobs["block_n"]
-    layouts = [("Mask_cols", block_m, block_n)] + ([("Mask_rows", block_n, block_m)] if knobs["dq"] != "atomic" else [])
+    pass's (block_n query rows by block_m keys; none where dQ is added atomically); or those of `layouts` (the
+    Gluon backward's: its programs' key blocks alone)."""
+    if layouts is None:
+        block_m, block_n = knobs["block_m"], knobs["block_n"]
+        layouts = [("Mask_cols", block_m, block_n)] + ([("Mask_rows", block_n, block_m)] if knobs["dq"] != "atomic"
+                                                       else [])
     tables = _Tables(kernels, variant, q, k, causal, layouts, compile)
     plan = fixed.backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse,
                                compile, tables.variant)

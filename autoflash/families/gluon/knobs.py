@@ -133,10 +133,10 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
         why.append("paged KV caches run in the tl family only")
     elif "VARLEN" in problem.variants and problem.gates() - {"VARLEN"}:
         why.append(f"packed sequences run in the Gluon {what} without other variants; with them in tl")
-    # Both directions render the fixed variants (window, softcap, ALiBi: the templates' gates); the forward a
-    # mask_mod too (its key blocks from the mask's block table, templates/gluon/launch_mask_mod.py), not a score_mod.
-    rendered = {"WINDOW", "SOFTCAP", "ALIBI"} | ({"MASK_MOD"} if knobs.DIRECTION == "fwd" else set())
-    unsupported = problem.gates() - problem.variants - rendered
+    # Both directions render the fixed variants (window, softcap, ALiBi: the templates' gates) and a mask_mod (the
+    # forward's key blocks, the backward's query blocks from the mask's block table, templates/gluon/
+    # launch_mask_mod.py), not a score_mod.
+    unsupported = problem.gates() - problem.variants - {"WINDOW", "SOFTCAP", "ALIBI", "MASK_MOD"}
     if unsupported:
         why.append(f"the Gluon {what} has no {', '.join(sorted(unsupported))}: the tl family runs them")
     if gpu.family == "interpreter":
