@@ -63,7 +63,8 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     return compile_kernel(module.attn_bwd, args, options)
 
 
-DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, dq_writer=False)  # the family's default
+DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, dq_writer=False,
+               dq_turns=False)  # the family's default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
 # each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
 # same keys with dK's and dV's columns split (32-row steps, dQ^T); GQA groups split over programs
@@ -92,6 +93,11 @@ CASES = [({}, 128, "float16", False),
          (dict(dq_writer=True), 64, "float16", False),
          (dict(dq_writer=True, block_m=128), 32, "bfloat16", True),
          (dict(dq_writer=True, block_m=32), 256, "bfloat16", True, ["WINDOW"]),
+         # the two warpgroups adding dQ's whole tile in turns (head dims to 64)
+         (dict(dq_turns=True), 64, "float16", True),
+         (dict(dq_turns=True, num_buffers=3), 64, "bfloat16", False),
+         (dict(dq_turns=True, group_splits=4), 32, "float16", True),
+         (dict(dq_turns=True), 64, "bfloat16", True, ["WINDOW", "SOFTCAP", "ALIBI"]),
          # packed sequences: the (sequence, key block) table, lse and delta by plain loads, dK and dV stored from
          # registers (or added in fp32 where the group is split), each head dim's tiles, the dQ writer
          ({}, 64, "bfloat16", False, ["VARLEN"]),
@@ -102,6 +108,7 @@ CASES = [({}, 128, "float16", False),
          (dict(block_m=32), 256, "bfloat16", True, ["VARLEN"]),
          (dict(group_splits=2), 128, "bfloat16", True, ["VARLEN"]),
          (dict(dq_writer=True, num_buffers=3), 64, "float16", True, ["VARLEN"]),
+         (dict(dq_turns=True), 64, "bfloat16", True, ["VARLEN"]),
          # mask_mods (the document mask from a captured tensor, prefix-LM): query blocks from the mask's block table
          ({}, 64, "bfloat16", False, ["MASK_MOD"], "documents"),
          ({}, 64, "bfloat16", True, ["MASK_MOD"], "prefix-lm"),
@@ -111,7 +118,8 @@ CASES = [({}, 128, "float16", False),
          (dict(block_m=32), 256, "bfloat16", False, ["MASK_MOD"], "documents"),
          (dict(block_m=32), 256, "bfloat16", True, ["MASK_MOD"], "prefix-lm"),
          (dict(group_splits=2), 128, "bfloat16", True, ["MASK_MOD"], "documents"),
-         (dict(dq_writer=True), 128, "bfloat16", True, ["MASK_MOD"], "documents")]
+         (dict(dq_writer=True), 128, "bfloat16", True, ["MASK_MOD"], "documents"),
+         (dict(dq_turns=True), 64, "bfloat16", True, ["MASK_MOD"], "documents")]
 
 
 def report(cases) -> list[dict]:

@@ -68,7 +68,22 @@ def test_group_splits(group_splits, head_dim, causal):
         assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
 
 
-@pytest.mark.parametrize("knobs", [BwdKnobs(), BwdKnobs(group_splits=2), BwdKnobs(dq_writer=True), BwdKnobs(block_m=32)],
+@pytest.mark.parametrize("head_dim", [16, 40, 64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dq_turns(head_dim, dtype, causal):
+    """The two warpgroups adding dQ's whole tile in turns: odd step counts (a program's last step is either
+    warpgroup's turn), ragged and unequal lengths, a key block past seqlen_k, MHA and GQA 4:1 split over programs."""
+    for i, (shape, splits) in enumerate([((2, 4, 4, 1000, 1000, head_dim), 1), ((1, 4, 1, 123, 4097, head_dim), 1),
+                                         ((1, 8, 2, 4097, 123, head_dim), 4), ((3, 2, 2, 7, 65, head_dim), 1),
+                                         ((2, 4, 1, 577, 577, head_dim), 2)]):
+        knobs = BwdKnobs(dq_turns=True, group_splits=splits, num_buffers=2 + i % 2)
+        assert not violations(knobs, Problem(*shape, causal, str(dtype).removeprefix("torch.")), H100)
+        assert run_variant(knobs, shape, dtype, "cuda", causal, transposed=i % 2 == 1, seed=i)
+
+
+@pytest.mark.parametrize("knobs", [BwdKnobs(), BwdKnobs(group_splits=2), BwdKnobs(dq_writer=True), BwdKnobs(block_m=32),
+                                   BwdKnobs(dq_turns=True)],
                          ids=str)
 @pytest.mark.parametrize("case", VARIANT_CASES + [(True, (4096, -1), 0.0, None), (True, (-1, -1), 50.0, None),
                                                   (True, (256, -1), 30.0, "heads")], ids=str)
@@ -76,8 +91,9 @@ def test_window_softcap_alibi(knobs, case):
     """The Gluon backward's fixed variants (rendered with their gates) against the fp64 reference's gradients, GQA,
     ragged and unequal lengths; head dims past 128 in 32-row steps."""
     causal, window, softcap, alibi = case
-    for i, shape in enumerate([(2, 8, 2, 1000, 1000, 128), (1, 4, 2, 4097, 123, 64), (1, 4, 2, 123, 4097, 64)]
-                              if knobs.block_m == 64 else [(1, 4, 2, 1000, 1000, 256), (1, 2, 1, 123, 777, 192)]):
+    shapes = ([(2, 8, 2, 1000, 1000, 128), (1, 4, 2, 4097, 123, 64), (1, 4, 2, 123, 4097, 64)]
+              if knobs.block_m == 64 else [(1, 4, 2, 1000, 1000, 256), (1, 2, 1, 123, 777, 192)])
+    for i, shape in enumerate(s for s in shapes if not knobs.dq_turns or s[-1] <= 64):  # (dq_turns: to d64)
         q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", seed=i)
         slopes = variant_slopes(alibi, q, i)
         problem = Problem.from_tensors(q, k, causal, window, softcap > 0, slopes is not None)

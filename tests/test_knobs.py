@@ -188,3 +188,24 @@ def test_gluon_refuses_what_it_cannot_run():
     assert any("sm_90" in why for why in violations(gluon.FwdKnobs(), PROBLEM, A100))
     assert any("fp16 or bf16" in why for why in violations(gluon.FwdKnobs(), dataclasses.replace(PROBLEM, dtype="float32"),
                                                         H100))
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 80, 128, 256])
+def test_gluon_dq_turns_only_where_each_warpgroup_adds_all_of_dq(head_dim):
+    """dq_turns runs where the default has each of two warpgroups add dQ's whole tile from its own keys (head dims to
+    64 in 64-row steps); not beside the dQ writer (it would wait for tiles no one hands it), nor with one warpgroup."""
+    from autoflash.families import gluon
+
+    problem = dataclasses.replace(PROBLEM, head_dim=head_dim, causal=True)
+    block_m = 64 if head_dim <= 128 else 32
+    turns = gluon.BwdKnobs(block_m=block_m, dq_turns=True)
+    assert not violations(dataclasses.replace(turns, dq_turns=False), problem, H100)
+    if head_dim <= 64:
+        assert not violations(turns, problem, H100)
+        assert not violations(dataclasses.replace(turns, group_splits=2), dataclasses.replace(problem, heads_kv=4),
+                              H100)
+    else:  # (the warpgroups split dQ's columns, or hold the same keys)
+        assert any("dq_turns alternates" in why for why in violations(turns, problem, H100))
+    refused = {"warpgroups": 1, "dq_writer": True, "block_m": 128}
+    for name, value in refused.items():
+        assert any("dq_turns" in why for why in violations(dataclasses.replace(turns, **{name: value}), problem, H100))

@@ -67,6 +67,9 @@ class BwdKnobs(Knobs):
     dq_writer: bool = knob(False, (False, True), "a 1-warp partition adds dQ's tiles by TMA from two shared slots a "
                                                  "consumer (the consumers hand them over by mbarrier); else each "
                                                  "consumer adds its own tile, waiting for the last one's reduce")
+    dq_turns: bool = knob(False, (False, True), "(head dims to 64, two warpgroups) the warpgroups take turns, step by "
+                                                "step, adding dQ's whole tile from both warpgroups' dS^T: one TMA "
+                                                "reduce-add a step, not one from each warpgroup's own keys")
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
@@ -192,6 +195,12 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
         why.append(f"group_splits {knobs.group_splits} does not divide the {group} query heads of a KV head")
     if knobs.group_splits > 1 and knobs.warpgroups != 2:
         why.append("split groups stage fp32 dK and dV in two warpgroups' buffers (K and V's tiles, the Q/dO ring)")
+    if knobs.dq_turns and (knobs.warpgroups != 2 or bwd_tiles(knobs, problem.head_dim)[2:] != (knobs.block_m,
+                                                                                          head_dim_pad(problem.head_dim))):
+        why.append("dq_turns alternates two warpgroups where each would add dQ's whole tile from its own keys (head "
+                   "dims to 64 in steps under 128 rows)")
+    if knobs.dq_turns and knobs.dq_writer:
+        why.append("dq_turns hands no tile to the dQ writer on the steps where a warpgroup skips dQ")
     smem = bwd_shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
