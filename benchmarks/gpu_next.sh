@@ -21,6 +21,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-variants $OUT  # window, softcap,
 #                                                                       ALiBi in the Gluon backward (NOTES G-bwd15)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh dq-writer $OUT # dQ by a warp of its own (NOTES G-bwd16)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-causal-short $OUT  # dQ added by the warpgroups in turns at
+#                                                                       d64: its GPU tests, then beside the default (NOTES G-bwd20)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
@@ -163,6 +165,31 @@ dq-writer)  # dQ's tiles added by a warp of their own, beside the default (NOTES
         --variants '["default", {"dq_writer": true}]' > "$out/${day}_h100_gluon_bwd_dq_writer.log" 2>&1
     echo "dq writer bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dq_writer.log"
     ;;
+bwd-causal-short)  # dq_turns (NOTES G-bwd20): its GPU tests, then beside the default on the fp16 grid's d64 cells
+    mapfile -t tests < <(python -m pytest -q --collect-only -m gpu tests/test_gluon_bwd.py -p no:cacheprovider \
+        | grep -e "dq_turns=True" -e "::test_dq_turns")
+    limit 200 python -m pytest -q -m gpu -n 16 -p no:cacheprovider "${tests[@]}" \
+        > "$out/${day}_h100_gpu_tests_gluon_bwd_dq_turns.log" 2>&1
+    echo "dq_turns tests (${#tests[@]}) rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_bwd_dq_turns.log"
+    rows="$out/${day}_h100_gluon_bwd_dq_turns.jsonl"
+    limit 320 python benchmarks/gluon_bwd.py --bench d64 --out "$rows" --variants '["default", {"dq_turns": true}]' \
+        > "$out/${day}_h100_gluon_bwd_dq_turns.log" 2>&1
+    echo "dq_turns bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dq_turns.log"
+    python - "$rows" <<'PY'
+import json, math, sys
+cells = {}
+for row in map(json.loads, open(sys.argv[1])):
+    cells.setdefault(row["problem"], {})[row["backend"]] = row["ms"]
+ratios = []
+for problem, ms in cells.items():
+    turns = next((t for name, t in ms.items() if "dq_turns" in name), None)
+    if turns and "gluon default" in ms:
+        ratios.append(ms["gluon default"] / turns)
+        print(f"{problem:32s} dq_turns / default {ratios[-1]:.3f}x  vs sdpa {ms['sdpa'] / turns:.3f}x")
+if ratios:
+    print(f"geomean dq_turns / default {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x over {len(ratios)}")
+PY
+    ;;
 gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much
     limit 240 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py -p no:cacheprovider \
         > "$out/${day}_h100_gpu_tests_gluon_bwd_gqa.log" 2>&1
@@ -264,6 +291,6 @@ ring-dynamic)  # R2: the ring's forward steps with tiles claimed from a counter,
     echo "ring-dynamic rc $?"; grep '"speed"' "$out/${day}_ring_attention_dynamic.jsonl"
     ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss bwd-all gluon-variants dq-writer gqa deep-bwd deep-fwd varlen-retune ring ring-dynamic" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss bwd-all gluon-variants dq-writer bwd-causal-short gqa deep-bwd deep-fwd varlen-retune ring ring-dynamic" >&2; exit 2
     ;;
 esac
