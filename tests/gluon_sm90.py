@@ -147,7 +147,7 @@ def ptxas_report(compiled) -> dict:
 
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2, pingpong=False, overlap=True,
                consumer_regs=240, producer_regs=24, persistent=True, dynamic=False,
-               stage_o_in_q=False)
+               stage_o_in_q=False, tile_overlap=False)
 # (knob changes, head_dim, dtype, causal, return_lse[, variants[, a MASK_MODS name]])
 CASES = [({}, 128, "float16", False, True),
          (dict(q_buffers=2, dynamic=True), 128, "float16", True, True),

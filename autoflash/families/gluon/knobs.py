@@ -45,6 +45,9 @@ class FwdKnobs(Knobs):
     stage_o_in_q: bool = knob(False, (False, True),
                               "O leaves through the consumer's Q tile (saves its shared memory; the next Q waits "
                               "for the store) instead of a tile of its own")
+    tile_overlap: bool = knob(False, (False, True),
+                              "(persistent, two Q tiles, overlap) the next tile's first Q K^T and softmax run under "
+                              "this tile's last P V, before its epilogue (plain problems)")
     consumer_regs: int = knob(240, (240, 232, 160), "registers per thread of each consumer warpgroup but the first")
     producer_regs: int = knob(24, (24, 32, 40), "registers per thread of the producer warp('s warpgroup)")
 
@@ -164,6 +167,8 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
         # The tuner's trials on the H100 (benchmarks/NOTES.md 38): 3 illegal memory accesses and one wrong result,
         # all causal, all with two Q tiles and no overlap. Refused until the Q-slot handshake of that path is fixed.
         why.append("two Q tiles without the softmax/QK^T overlap crash or compute wrong results (NOTES 38)")
+    if knobs.tile_overlap:
+        why += _tile_overlap_violations(knobs, problem)
     smem = shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
@@ -175,6 +180,18 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
     if (knobs.consumers * knobs.consumer_regs + knobs.producer_regs) * 128 > MAX_REGISTERS:
         why.append(f"{knobs.consumers} consumers x {knobs.consumer_regs} + producer {knobs.producer_regs} registers "
                    f"x 128 threads exceed the SM's {MAX_REGISTERS}")
+    return why
+
+
+def _tile_overlap_violations(knobs: FwdKnobs, problem: Problem) -> list[str]:
+    """tile_overlap runs the next tile's block 0 under this tile's last P V: it needs that tile on the program
+    (persistent), its Q already loaded (two Q tiles) and the P V issued asynchronously (overlap); the template
+    renders it for plain problems."""
+    why = []
+    if not (knobs.persistent and knobs.q_buffers == 2 and knobs.overlap):
+        why.append("tile_overlap needs a persistent grid, two Q tiles and the softmax/QK^T overlap")
+    if problem.gates():
+        why.append(f"tile_overlap is rendered for plain problems, not {', '.join(sorted(problem.gates()))}")
     return why
 
 
