@@ -38,6 +38,8 @@
 #                                                                       mask_mod gate, tests then speed (NOTES G8)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-maskmod-bwd $OUT  # branch gbwd-maskmod: the Gluon
 #                                                                       backward's mask_mod gate, tests then speed (NOTES G-bwd19)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh tile-overlap $OUT  # branch gfwd-tile-overlap: a tile's block 0
+#                                                                       under the last tile's last P V, tests then speed (NOTES G9)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -275,6 +277,25 @@ gluon-maskmod-bwd)  # branch gbwd-maskmod: the Gluon backward's MASK_MOD gate (N
     limit 170 python benchmarks/variants.py --cases 'documents,causal documents,prefix-lm' \
         --knobs '[{}, {"family": "tl", "default": true, "direction": "bwd"}]' \
         --out "$out/${day}_h100_variants_gluon_maskmod_bwd.jsonl" 2>&1 | grep -v Warn
+    ;;
+tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then the FA grid beside the defaults
+    limit 200 python -m pytest -q -m gpu -n 8 tests/test_gluon_fwd.py -k tile_overlap -p no:cacheprovider \
+        > "$out/${day}_h100_gpu_tests_tile_overlap.log" 2>&1
+    echo "tile-overlap gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_tile_overlap.log" | tail
+    rows="$out/${day}_h100_gluon_tile_overlap.jsonl"
+    # (GRID=fa_grid_fp16 halves it, should the whole grid not fit the call's 10 minutes; rows are written at the end)
+    limit -s INT 360 python benchmarks/gluon_fwd.py --bench "${GRID:-fa_grid}" --out "$rows" --variants '["default",
+        {"default": true, "tile_overlap": true}, {"default": true, "tile_overlap": true, "dynamic": true}]' \
+        > "$out/${day}_h100_gluon_tile_overlap.log" 2>&1
+    echo "tile-overlap bench rc $?"; cat "$out/${day}_h100_gluon_tile_overlap.log"
+    python - "$rows" <<'PY'  # each tile_overlap row against the default's, per cell
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+base = {r["problem"]: r["tflops"] for r in rows if r["backend"] == 'gluon "default"'}
+for r in rows:
+    if "tile_overlap" in r["backend"] and r["problem"] in base:
+        print(f'{r["problem"]:28s} {r["backend"][6:]:55s} {r["tflops"]:6.0f} TFLOP/s {r["tflops"] / base[r["problem"]]:.3f}x default')
+PY
     ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast

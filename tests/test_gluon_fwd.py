@@ -33,6 +33,14 @@ VARIANTS = {
     "three consumers": dict(consumers=3, consumer_regs=160, block_n=64),
 }
 LENGTHS = [(1, 1), (7, 7), (123, 123), (1000, 1000), (4097, 4097), (123, 1000), (1000, 123), (7, 4097)]
+# tile_overlap (plain problems, persistent, two Q tiles): a tile's block 0 under the last tile's last P V
+TILE_OVERLAP = {
+    "tile overlap": dict(q_buffers=2, tile_overlap=True),
+    "tile overlap, dynamic": dict(q_buffers=2, dynamic=True, tile_overlap=True),
+    "tile overlap, o in q, pingpong": dict(q_buffers=2, stage_o_in_q=True, pingpong=True, tile_overlap=True),
+    "tile overlap, three consumers": dict(q_buffers=2, consumers=3, consumer_regs=160, block_n=64, dynamic=True,
+                                          tile_overlap=True),
+}
 
 
 def run(knobs, q, k, v, causal, with_lse=True):
@@ -53,6 +61,36 @@ def test_variants(variant, seqlen_q, seqlen_k, causal):
     q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, head_dim, torch.float16, "cuda")
     out, lse = run(FwdKnobs(**VARIANTS[variant]), q, k, v, causal)
     assert_matches_reference(out, lse, q, k, v, causal)
+
+
+@pytest.mark.parametrize("variant", TILE_OVERLAP)
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_overlap(variant, head_dim, seqlen_q, seqlen_k, causal):
+    """Several tiles a program (64 batch x heads up to 1000 queries, 16 past), so a tile's block 0 runs under the
+    last one's last P V; short tiles and, causal with more queries than keys, tiles that see no key between
+    them (their block 0 alone, or none)."""
+    if variant.endswith("three consumers") and head_dim != 64:
+        pytest.skip("three consumers fit the registers at head dim 64")
+    batch, heads = (4, 16) if seqlen_q <= 1000 else (2, 8)
+    dtype = torch.bfloat16 if causal else torch.float16
+    q, k, v = make_qkv(batch, heads, heads // 4, seqlen_q, seqlen_k, head_dim, dtype, "cuda", seed=seqlen_q)
+    out, lse = run(FwdKnobs(**TILE_OVERLAP[variant]), q, k, v, causal)
+    assert_matches_reference(out, lse, q, k, v, causal)
+
+
+def test_tile_overlap_repeats():
+    """The same plan again (the claimed-tile counter and every mbarrier phase start over), on new inputs."""
+    knobs = FwdKnobs(**TILE_OVERLAP["tile overlap, dynamic"])
+    q, k, v = make_qkv(4, 16, 4, 1000, 1000, 128, torch.float16, "cuda")
+    out, lse = poisoned_outputs(q)
+    forward = codegen.load(knobs).forward_plan(q, k, v, out, lse, q.shape[-1] ** -0.5, True)
+    for seed in range(3):
+        q, k, v = make_qkv(4, 16, 4, 1000, 1000, 128, torch.float16, "cuda", seed=seed)
+        out, lse = poisoned_outputs(q)
+        forward(q, k, v, out, lse)
+        assert_matches_reference(out, lse, q, k, v, True)
 
 
 @pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 256])
