@@ -86,6 +86,11 @@ def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
     (FwdKnobs(consumers=3, consumer_regs=160), _problem(), H100, "registers a thread"),
     (FwdKnobs(consumers=3), _problem(64), H100, "exceed the SM's"),
     (FwdKnobs(persistent=False, dynamic=True), _problem(), H100, "needs a persistent grid"),
+    (FwdKnobs(tile_overlap=True), _problem(), H100, "tile_overlap needs a persistent grid, two Q tiles"),
+    (FwdKnobs(tile_overlap=True, q_buffers=2, persistent=False), _problem(), H100, "tile_overlap needs"),
+    (FwdKnobs(tile_overlap=True, q_buffers=2), _problem().with_variants(window_size=(256, 0)), H100,
+     "tile_overlap is rendered for plain problems, not WINDOW"),
+    (FwdKnobs(tile_overlap=True, q_buffers=2, block_n=64, stage_o_in_q=True), _problem(256), H100, "shared memory"),
 ])
 def test_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)

@@ -184,6 +184,8 @@ def test_gluon_refuses_what_it_cannot_run():
     causal = dataclasses.replace(PROBLEM, causal=True)
     assert not violations(gluon.FwdKnobs(q_buffers=2), causal, H100)
     assert any("two Q tiles" in why for why in violations(gluon.FwdKnobs(q_buffers=2, overlap=False), causal, H100))
+    assert not violations(gluon.FwdKnobs(q_buffers=2, tile_overlap=True), causal, H100)
+    assert any("tile_overlap" in why for why in violations(gluon.FwdKnobs(tile_overlap=True), causal, H100))
     assert any("no interpreter" in why for why in violations(gluon.FwdKnobs(), PROBLEM, INTERPRETER))
     assert any("sm_90" in why for why in violations(gluon.FwdKnobs(), PROBLEM, A100))
     assert any("fp16 or bf16" in why for why in violations(gluon.FwdKnobs(), dataclasses.replace(PROBLEM, dtype="float32"),

@@ -125,10 +125,12 @@ def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
 
 def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
     """Registers a consumer thread needs: the fp32 O and S tiles, P in half precision (with overlap, the next
-    block's S beside the last block's P) and ~32 for addresses, row statistics and loop state."""
+    block's S beside the last block's P) and ~32 for addresses, row statistics and loop state; with tile_overlap
+    the next tile's P besides, through this tile's epilogue (sm_90 compiles, NOTES G9: 2 consumers at head dim 128
+    (224 by this count) spill nothing, 3 at head dim 64 with 128-key blocks (192, at 160) 248-276 B)."""
     threads = 128
     o, s = knobs.block_m * head_dim_pad(problem.head_dim) // threads, knobs.block_m * knobs.block_n // threads
-    return o + s + s // 2 + 32
+    return o + s + s // 2 * (2 if knobs.tile_overlap else 1) + 32
 
 
 def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
