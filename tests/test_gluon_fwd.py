@@ -64,7 +64,7 @@ def test_variants(variant, seqlen_q, seqlen_k, causal):
 
 
 @pytest.mark.parametrize("variant", TILE_OVERLAP)
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", LENGTHS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_tile_overlap(variant, head_dim, seqlen_q, seqlen_k, causal):
@@ -72,7 +72,7 @@ def test_tile_overlap(variant, head_dim, seqlen_q, seqlen_k, causal):
     last one's last P V; short tiles and, causal with more queries than keys, tiles that see no key between
     them (their block 0 alone, or none)."""
     if variant.endswith("three consumers") and head_dim != 64:
-        pytest.skip("three consumers fit the registers at head dim 64")
+        pytest.skip("three consumers: the head dim 64 defaults' shape")
     batch, heads = (4, 16) if seqlen_q <= 1000 else (2, 8)
     dtype = torch.bfloat16 if causal else torch.float16
     q, k, v = make_qkv(batch, heads, heads // 4, seqlen_q, seqlen_k, head_dim, dtype, "cuda", seed=seqlen_q)
