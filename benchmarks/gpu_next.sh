@@ -279,13 +279,15 @@ gluon-maskmod-bwd)  # branch gbwd-maskmod: the Gluon backward's MASK_MOD gate (N
         --out "$out/${day}_h100_variants_gluon_maskmod_bwd.jsonl" 2>&1 | grep -v Warn
     ;;
 tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then the FA grid beside the defaults
-    limit 220 python -m pytest -q -m gpu -n 8 tests/test_gluon_fwd.py -k tile_overlap -p no:cacheprovider \
+    # (-k: tile_overlap's tests and the two-Q-tile control at its shapes, test_two_q_tiles_several_tiles_a_program)
+    limit 220 python -m pytest -q -m gpu -n 8 tests/test_gluon_fwd.py -k "tile_overlap or several_tiles" -p no:cacheprovider \
         > "$out/${day}_h100_gpu_tests_tile_overlap.log" 2>&1
     echo "tile-overlap gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_tile_overlap.log" | tail
     rows="$out/${day}_h100_gluon_tile_overlap.jsonl"
     # (GRID=fa_grid_fp16 halves it, should the whole grid not fit the call's 10 minutes; rows are written at the end)
     limit -s INT 340 python benchmarks/gluon_fwd.py --bench "${GRID:-fa_grid}" --out "$rows" --variants '["default",
-        {"default": true, "tile_overlap": true}, {"default": true, "tile_overlap": true, "dynamic": true}]' \
+        {"default": true, "q_buffers": 2, "dynamic": false}, {"default": true, "tile_overlap": true},
+        {"default": true, "q_buffers": 2, "dynamic": false, "tile_overlap": true}]' \
         > "$out/${day}_h100_gluon_tile_overlap.log" 2>&1
     echo "tile-overlap bench rc $?"; cat "$out/${day}_h100_gluon_tile_overlap.log"
     python - "$rows" <<'PY'  # each tile_overlap row against the default's, per cell

@@ -91,6 +91,10 @@ def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
     (FwdKnobs(tile_overlap=True, q_buffers=2), _problem().with_variants(window_size=(256, 0)), H100,
      "tile_overlap is rendered for plain problems, not WINDOW"),
     (FwdKnobs(tile_overlap=True, q_buffers=2, block_n=64, stage_o_in_q=True), _problem(256), H100, "shared memory"),
+    (FwdKnobs(tile_overlap=True, q_buffers=2), _problem(causal=True), H100, "under causal masking (NOTES G9)"),
+    (FwdKnobs(tile_overlap=True, q_buffers=2, dynamic=True), _problem(), H100, "claimed from the counter"),
+    (FwdKnobs(tile_overlap=True, q_buffers=2, consumers=3, consumer_regs=160, block_n=64), _problem(64), H100,
+     "two consumers only"),
 ])
 def test_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
