@@ -15,7 +15,7 @@ import torch
 
 from autoflash import codegen
 from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, bwd_tiles, default_knobs,
-                                            for_call, shared_memory_bytes, violations)
+                                            fit, for_call, shared_memory_bytes, violations)
 from autoflash.gpu import KNOWN
 from autoflash.problem import Problem
 from autoflash.resources import launcher
@@ -414,7 +414,10 @@ def test_packed_sequences_run_in_both_directions():
     tables); paged caches and packed sequences with another variant stay in tl."""
     packed = dataclasses.replace(_problem(causal=True), variants=frozenset({"VARLEN"}))
     for direction in ("fwd", "bwd"):
-        assert violations(default_knobs(_problem(), H100, direction), packed, H100) == []
+        knobs = default_knobs(packed, H100, direction)
+        assert knobs is not None and violations(knobs, packed, H100) == []
+    # (the dense full default runs tile_overlap, which packed problems refuse: fit() falls back to their default)
+    assert fit(default_knobs(_problem(), H100), packed, H100) == default_knobs(packed, H100)
     paged = dataclasses.replace(packed, variants=frozenset({"VARLEN", "PAGED"}), page_size=16)
     assert any("paged" in why for why in violations(default_knobs(_problem(), H100), paged, H100))
     windowed = packed.with_variants(window_size=(128, 0))

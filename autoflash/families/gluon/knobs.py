@@ -253,7 +253,9 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     claim tiles from a counter (the tiles' work is unequal: G6, +2% geomean over the grid's causal cells against
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
     without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q; a mask_mod's
-    tiles claim from the counter too (the block table leaves their work unequal, as causal masking does). None where
+    tiles claim from the counter too (the block table leaves their work unequal, as causal masking does); where
+    tile_overlap runs (full attention, static grid, two consumers) the next tile's first block goes under this
+    tile's last P V (NOTES G9: d128 full +1-6%). None where
     the family cannot run the problem. The backward (every untuned backward's default where it runs:
     autoflash.families.default_order): two consumer warpgroups, 64-row steps (32 past head dim
     128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
@@ -268,15 +270,15 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         group = problem.heads_q // problem.heads_kv if split else 1
         knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=math.gcd(group, 4 if d <= 64 else 2),
                          dq_turns=d <= 64)
-        fallback = replace(knobs, group_splits=1, dq_turns=False)
+        candidates = (knobs, replace(knobs, group_splits=1, dq_turns=False))
     else:
         three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
         knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
                          consumer_regs=160 if three else 240, dynamic=problem.causal or bool(problem.mask_mod),
                          stage_o_in_q=d > 128,
-                         q_buffers=2)
-        fallback = replace(knobs, q_buffers=1)
-    return next((k for k in (knobs, fallback) if not violations(k, problem, gpu)), None)
+                         q_buffers=2, tile_overlap=True)
+        candidates = (knobs, replace(knobs, tile_overlap=False), replace(knobs, q_buffers=1, tile_overlap=False))
+    return next((k for k in candidates if not violations(k, problem, gpu)), None)
 
 
 def fit(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | BwdKnobs | None:
