@@ -268,9 +268,11 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     if direction == "bwd":
         split = problem.causal and problem.window == (-1, -1) and problem.seqlen_q >= 2048
         group = problem.heads_q // problem.heads_kv if split else 1
+        # (dq_turns has run on the GPU for dense problems and the fixed variants, not packed or masked ones yet)
+        turns = d <= 64 and not problem.gates() & {"VARLEN", "MASK_MOD"}
         knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=math.gcd(group, 4 if d <= 64 else 2),
-                         dq_turns=d <= 64)
-        candidates = (knobs, replace(knobs, group_splits=1, dq_turns=False))
+                         dq_turns=turns)
+        candidates = (knobs, replace(knobs, group_splits=1), replace(knobs, group_splits=1, dq_turns=False))
     else:
         three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
         knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
