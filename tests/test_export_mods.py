@@ -196,8 +196,8 @@ def test_a_mod_problem_needs_its_mod(tmp_path, mods):
         assert result.exit_code != 0 and words in result.output, result.output
 
 
-def test_gluon_forward_export_carries_the_block_tables(tmp_path, mods):
-    """On Hopper a mask_mod's forward is the Gluon family's: its launcher is exported with the `tl` one whose block
+def test_gluon_export_carries_the_block_tables(tmp_path, mods):
+    """On Hopper a mask_mod runs in the Gluon family both ways: its launcher is exported with the `tl` one whose block
     tables it builds on (rendered, not run: no GPU here)."""
     export_args = ["export", "--gpu", "h100", "--db", f"sqlite:///{tmp_path / 'none.db'}", "--out",
                    str(tmp_path / "exported"), "--mask-mod", "export_mods_defs:DOCUMENTS", "--shapes",
@@ -206,10 +206,11 @@ def test_gluon_forward_export_carries_the_block_tables(tmp_path, mods):
     assert result.exit_code == 0, result.output
     package = _imported(tmp_path / "exported")
     (variants,) = package.PROBLEMS.values()
-    assert variants["fwd"][1] == "gluon" and variants["bwd"][1] == "tl"
+    assert variants["fwd"][1] == "gluon" and variants["bwd"][1] == "gluon"
     files = {p.name for p in (tmp_path / "exported").iterdir()}
     assert {"launch_gluon_mask_mod.py", "launch_tl_mask_mod.py", "launch_gluon_variants.py"} <= files
-    assert "_mask_mod" in (tmp_path / "exported" / f"{variants['fwd'][0]}.py").read_text()
+    for direction in ("fwd", "bwd"):
+        assert "_mask_mod" in (tmp_path / "exported" / f"{variants[direction][0]}.py").read_text()
 
 
 def _imported(folder):
