@@ -54,16 +54,22 @@ def _assert_fits(row, knobs, problem, shared_estimate, spill_bytes=0):
     assert row["spill_stores"] <= spill_bytes and row["spill_loads"] <= spill_bytes, row
 
 
-@pytest.mark.parametrize("index", range(len(gluon_sm90.CASES)))
-def test_compiles_for_sm90(compiled, index):
-    change, head_dim, dtype, causal, _, *variants = gluon_sm90.CASES[index]
-    knobs = FwdKnobs(**gluon_sm90.DEFAULT | change)
-    variants = set(variants[0] if variants else ())
+def _case_problem(head_dim, dtype, causal, variants) -> Problem:
+    """The problem a compile case (gluon_sm90.CASES, gluon_bwd_sm90.CASES) stands for: 2 x 8/2 heads, 1000 tokens."""
     problem = Problem(2, 8, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
         window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
         alibi="ALIBI" in variants, mask_mod="0123456789abcdef" if "MASK_MOD" in variants else "")
     if "VARLEN" in variants:  # packed sequences (the kernel's shapes are a dense problem's)
         problem = dataclasses.replace(problem, variants=frozenset({"VARLEN"}))
+    return problem
+
+
+@pytest.mark.parametrize("index", range(len(gluon_sm90.CASES)))
+def test_compiles_for_sm90(compiled, index):
+    change, head_dim, dtype, causal, _, *variants = gluon_sm90.CASES[index]
+    knobs = FwdKnobs(**gluon_sm90.DEFAULT | change)
+    variants = set(variants[0] if variants else ())
+    problem = _case_problem(head_dim, dtype, causal, variants)
     row = compiled[index]
     # (the window's extra loop and the variants' arguments cost a few loop scalars: 24-36 B stored under triton 3.6,
     # NOTES G7; the document mask's reads of its capture up to 116 B stored, 156 loaded, NOTES G8)
@@ -134,11 +140,7 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
     change, head_dim, dtype, causal, *variants = gluon_bwd_sm90.CASES[index]
     knobs = BwdKnobs(**gluon_bwd_sm90.DEFAULT | change)
     variants = set(variants[0] if variants else ())
-    problem = Problem(2, 8, 2, 1000, 1000, head_dim, causal, dtype).with_variants(
-        window_size=(100, 0 if causal else 30) if "WINDOW" in variants else (-1, -1), softcap="SOFTCAP" in variants,
-        alibi="ALIBI" in variants, mask_mod="0123456789abcdef" if "MASK_MOD" in variants else "")
-    if "VARLEN" in variants:  # packed sequences (the kernel's shapes are a dense problem's)
-        problem = dataclasses.replace(problem, variants=frozenset({"VARLEN"}))
+    problem = _case_problem(head_dim, dtype, causal, variants)
     row = compiled_bwd[index]
     # At d128 S^T, dP^T, P^T's copy, dK and dV take ~232 of a consumer's 240 registers: a few loop scalars
     # spill (132 B under triton 3.6; NOTES G-bwd3), reloaded once a step; softcapping's tanh, live from S^T to

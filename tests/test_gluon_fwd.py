@@ -43,8 +43,8 @@ TILE_OVERLAP = {
     "tile overlap, o in q, pingpong": dict(q_buffers=2, stage_o_in_q=True, pingpong=True, tile_overlap=True),
 }
 # The same shapes without tile_overlap (two Q tiles, several tiles a program: test_variants' 2 x 4 heads give a
-# program at most 2 tiles, so a Q slot's second phase was never run there): where these fail too, the fault of
-# NOTES G9's refused cases is the two-Q-tile path's (NOTES 38), not tile_overlap's.
+# program at most 2 tiles, so a Q slot's second phase ran there never). They passed on the H100 where NOTES G9's
+# refused cases failed: those faults are tile_overlap's cross-tile step's, not the two-Q-tile path's.
 TWO_Q_TILES = {
     "two q tiles": dict(q_buffers=2),
     "two q tiles, dynamic": dict(q_buffers=2, dynamic=True),

@@ -29,7 +29,9 @@ _STARTUP_TIMEOUT = 600.0  # importing torch and building a problem's inputs and 
 def _worker(conn, role: str, stderr: str, loader: str, interpret: bool):
     """A worker process: its stderr into the file `stderr` (whose last line tells why it died, if it does), then
     `_serve`."""
-    os.dup2(os.open(stderr, os.O_WRONLY | os.O_APPEND), 2)
+    fd = os.open(stderr, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 2)
+    os.close(fd)
     _serve(conn, role, loader, interpret)
 
 
