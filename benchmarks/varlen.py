@@ -5,8 +5,8 @@
 16 sequences of lengths log-uniform in [128, 8192], d128, GQA 4:1, causal, bf16. Timed, forward and forward +
 backward: autoflash.attention_varlen on the packed batch; plain SDPA (its default backends) on the batch padded to
 the longest sequence (masked per sequence: only the useful rows count); autoflash.attention on a dense batch of
-equal-length sequences holding the same total tokens. TFLOP/s count the useful FLOPs of each (causal: the
-visible half), so the three are comparable."""
+equal-length sequences holding the same total tokens, (batch, heads, seq, d) and as (batch, seq, heads, d)
+views. TFLOP/s count the useful FLOPs of each (causal: the visible half), so all are comparable."""
 
 import argparse
 import datetime
@@ -67,13 +67,17 @@ def main(argv=None):
         mask = mask & torch.ones(longest, longest, device="cuda", dtype=torch.bool).tril()
     dense_batch = max(1, total // longest)
     dense = [leaf(dense_batch, h, longest, d) for h in (heads_q, heads_kv, heads_kv)]
+    # the same as (batch, seq, heads, d) views: rows heads x d apart, as the packed tensors' (NOTES 62: layout alone)
+    strided = [leaf(dense_batch, longest, h, d).transpose(1, 2) for h in (heads_q, heads_kv, heads_kv)]
     flops = {"varlen": useful_flops(lengths, heads_q, d, causal), "sdpa padded": useful_flops(lengths, heads_q, d, causal),
              "dense autoflash": useful_flops([longest] * dense_batch, heads_q, d, causal)}
+    flops["dense bshd"] = flops["dense autoflash"]  # (the same problem in another layout)
     cases = {
         "varlen": lambda: autoflash.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal),
         "sdpa padded": lambda: torch.nn.functional.scaled_dot_product_attention(*padded, attn_mask=mask,
                                                                                 enable_gqa=heads_q != heads_kv),
         "dense autoflash": lambda: autoflash.attention(*dense, causal=causal),
+        "dense bshd": lambda: autoflash.attention(*strided, causal=causal),
     }
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(f"lengths {sorted(lengths)} (total {total}); dense batch {dense_batch} x {longest}")
