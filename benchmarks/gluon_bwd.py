@@ -168,7 +168,7 @@ def main():
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
     parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "causal", "gqa_causal", "short",
-                                                         "d64", "wide"])
+                                                         "d64", "d128", "wide"])
     parser.add_argument("--variants", default='["default"]')
     parser.add_argument("--out", default="gluon_bwd_bench.jsonl")
     args = parser.parse_args()
@@ -178,6 +178,7 @@ def main():
                     "causal": [p for p in fa_grid((torch.float16,)) if p[4]], "gqa_causal": GQA_CAUSAL,
                     "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048],
                     "d64": [p for p in fa_grid((torch.float16,)) if p[3] == 64],
+                    "d128": [p for p in fa_grid((torch.float16,)) if p[3] == 128],
                     "wide": WIDE}[args.bench]
         bench(problems, json.loads(args.variants), args.out, " ".join(sys.argv))
     print(f"{failures} failures")

@@ -23,6 +23,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh dq-writer $OUT # dQ by a warp of its own (NOTES G-bwd16)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-causal-short $OUT  # dQ added by the warpgroups in turns at
 #                                                                       d64: its GPU tests, then beside the default (NOTES G-bwd20)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-d128 $OUT  # dV's wgmma after dS^T's store (dv_late,
+#       NOTES G-bwd21): its GPU tests (~200 s), then default vs dv_late on the fp16 grid's 12 d128 cells (~320 s)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
@@ -192,6 +194,32 @@ if ratios:
     print(f"geomean dq_turns / default {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x over {len(ratios)}")
 PY
     ;;
+bwd-d128)  # dv_late (NOTES G-bwd21): its GPU tests, then beside the default on the fp16 grid's d128 cells
+    mapfile -t tests < <(python -m pytest -q --collect-only -m gpu tests/test_gluon_bwd.py -p no:cacheprovider \
+        | grep -e "dv_late=True" -e "::test_dv_late")
+    limit 200 python -m pytest -q -m gpu -n 16 -p no:cacheprovider "${tests[@]}" \
+        > "$out/${day}_h100_gpu_tests_gluon_bwd_dv_late.log" 2>&1
+    echo "dv_late tests (${#tests[@]}) rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_bwd_dv_late.log"
+    rows="$out/${day}_h100_gluon_bwd_dv_late.jsonl"
+    limit 320 python benchmarks/gluon_bwd.py --bench d128 --out "$rows" --variants '["default", {"dv_late": true}]' \
+        > "$out/${day}_h100_gluon_bwd_dv_late.log" 2>&1
+    echo "dv_late bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dv_late.log"
+    python - "$rows" <<'PY'
+import json, math, sys
+cells = {}
+for row in map(json.loads, open(sys.argv[1])):
+    cells.setdefault(row["problem"], {})[row["backend"]] = row["ms"]
+ratios = []
+for problem, ms in cells.items():
+    late = next((t for name, t in ms.items() if "dv_late" in name), None)
+    if late and "gluon default" in ms:
+        ratios.append(ms["gluon default"] / late)
+        print(f"{problem:32s} dv_late / default {ratios[-1]:.3f}x  vs sdpa {ms['sdpa'] / late:.3f}x"
+              f"  (default vs sdpa {ms['sdpa'] / ms['gluon default']:.3f}x)")
+if ratios:
+    print(f"geomean dv_late / default {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x over {len(ratios)}")
+PY
+    ;;
 gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much
     limit 240 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py -p no:cacheprovider \
         > "$out/${day}_h100_gpu_tests_gluon_bwd_gqa.log" 2>&1
@@ -314,6 +342,6 @@ ring-dynamic)  # R2: the ring's forward steps with tiles claimed from a counter,
     echo "ring-dynamic rc $?"; grep '"speed"' "$out/${day}_ring_attention_dynamic.jsonl"
     ;;
 *)
-    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss bwd-all gluon-variants dq-writer bwd-causal-short gqa deep-bwd deep-fwd varlen-retune ring ring-dynamic" >&2; exit 2
+    echo "steps: check gluon fwd bwd bench varlen gbwd variants sweeps variant-knobs bwd-knobs varlen-tma on-miss bwd-all gluon-variants dq-writer bwd-causal-short bwd-d128 gqa deep-bwd deep-fwd varlen-retune ring ring-dynamic" >&2; exit 2
     ;;
 esac

@@ -64,7 +64,7 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
 
 
 DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, dq_writer=False,
-               dq_turns=False)  # the family's default
+               dq_turns=False, dv_late=False)  # the family's default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
 # each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
 # same keys with dK's and dV's columns split (32-row steps, dQ^T); GQA groups split over programs
@@ -98,6 +98,15 @@ CASES = [({}, 128, "float16", False),
          (dict(dq_turns=True, num_buffers=3), 64, "bfloat16", False),
          (dict(dq_turns=True, group_splits=4), 32, "float16", True),
          (dict(dq_turns=True), 64, "bfloat16", True, ["WINDOW", "SOFTCAP", "ALIBI"]),
+         # dV's wgmma issued after dS^T is stored (FA3's order): each head dim's tiles, with the other dQ knobs
+         (dict(dv_late=True), 128, "float16", False),
+         (dict(dv_late=True), 128, "bfloat16", True),
+         (dict(dv_late=True, dq_writer=True), 128, "float16", False),
+         (dict(dv_late=True, dq_turns=True), 64, "float16", True),
+         (dict(dv_late=True, block_m=32), 256, "bfloat16", True),
+         (dict(dv_late=True, group_splits=2), 128, "bfloat16", True, ["WINDOW", "SOFTCAP", "ALIBI"]),
+         (dict(dv_late=True), 128, "bfloat16", True, ["VARLEN"]),
+         (dict(dv_late=True), 128, "bfloat16", True, ["MASK_MOD"], "documents"),
          # packed sequences: the (sequence, key block) table, lse and delta by plain loads, dK and dV stored from
          # registers (or added in fp32 where the group is split), each head dim's tiles, the dQ writer
          ({}, 64, "bfloat16", False, ["VARLEN"]),

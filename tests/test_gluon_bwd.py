@@ -82,8 +82,27 @@ def test_dq_turns(head_dim, dtype, causal):
         assert run_variant(knobs, shape, dtype, "cuda", causal, transposed=i % 2 == 1, seed=i)
 
 
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dv_late(head_dim, dtype, causal):
+    """dV's wgmma issued after dS^T is stored (NOTES G-bwd21): one-row and odd lengths (1, 7, 123, 1000, 4097),
+    unequal ones, a key block past seqlen_k, MHA, MQA and GQA 4:1 (split over programs or not), 2 and 3 slots, with
+    the dQ writer or dq_turns where they run; gradients poisoned, against the fp64 reference."""
+    block_m = 64 if head_dim <= 128 else 32
+    for i, (shape, extra) in enumerate([((2, 4, 4, 1000, 1000, head_dim), {}),
+                                        ((1, 4, 1, 123, 4097, head_dim), dict(num_buffers=3)),
+                                        ((1, 8, 2, 4097, 123, head_dim), dict(group_splits=2)),
+                                        ((3, 2, 2, 7, 7, head_dim), dict(dq_writer=True)),
+                                        ((2, 2, 1, 1, 1, head_dim), {}),
+                                        ((2, 4, 1, 577, 1000, head_dim), dict(dq_turns=head_dim <= 64))]):
+        knobs = BwdKnobs(block_m=block_m, dv_late=True, **extra)
+        assert not violations(knobs, Problem(*shape, causal, str(dtype).removeprefix("torch.")), H100)
+        assert run_variant(knobs, shape, dtype, "cuda", causal, transposed=i % 2 == 1, seed=i)
+
+
 @pytest.mark.parametrize("knobs", [BwdKnobs(), BwdKnobs(group_splits=2), BwdKnobs(dq_writer=True), BwdKnobs(block_m=32),
-                                   BwdKnobs(dq_turns=True)],
+                                   BwdKnobs(dq_turns=True), BwdKnobs(dv_late=True)],
                          ids=str)
 @pytest.mark.parametrize("case", VARIANT_CASES + [(True, (4096, -1), 0.0, None), (True, (-1, -1), 50.0, None),
                                                   (True, (256, -1), 30.0, "heads")], ids=str)

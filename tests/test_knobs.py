@@ -217,3 +217,20 @@ def test_gluon_dq_turns_only_where_each_warpgroup_adds_all_of_dq(head_dim):
     refused = {"warpgroups": 1, "dq_writer": True, "block_m": 128}
     for name, value in refused.items():
         assert any("dq_turns" in why for why in violations(dataclasses.replace(turns, **{name: value}), problem, H100))
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
+def test_gluon_dv_late_runs_wherever_its_knobs_do(head_dim):
+    """dv_late moves dV's wgmma after dS^T's store (NOTES G-bwd21): it adds no refusal of its own, and the default
+    leaves it off."""
+    from autoflash.families import gluon
+
+    for causal, heads_kv in ((False, 8), (True, 2)):
+        problem = dataclasses.replace(PROBLEM, head_dim=head_dim, causal=causal, heads_kv=heads_kv)
+        default = gluon.default_knobs(problem, H100, "bwd")
+        assert default is not None and not default.dv_late
+        for knobs in (default, dataclasses.replace(default, dq_writer=True, dq_turns=False),
+                      dataclasses.replace(default, warpgroups=1, group_splits=1, dq_turns=False)):
+            assert violations(dataclasses.replace(knobs, dv_late=True), problem, H100) == violations(knobs, problem,
+                                                                                                    H100)
+    assert True in gluon.BwdKnobs.choices()["dv_late"]

@@ -73,6 +73,8 @@ class BwdKnobs(Knobs):
     dq_turns: bool = knob(False, (False, True), "(head dims to 64, two warpgroups) the warpgroups take turns, step by "
                                                 "step, adding dQ's whole tile from both warpgroups' dS^T: one TMA "
                                                 "reduce-add a step, not one from each warpgroup's own keys")
+    dv_late: bool = knob(False, (False, True), "dV += P^T dO issued after dS^T is computed and stored (FA3's order), "
+                                               "not between P^T and dS^T: fewer registers live at once")
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
