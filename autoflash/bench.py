@@ -36,17 +36,19 @@ def _sdpa(backend, p: Problem):
     return run
 
 
-def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", rounds: int = ROUNDS) -> list[dict]:
+def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", rounds: int = ROUNDS,
+                  graph: bool = False) -> list[dict]:
     """One row per implementation: backend, ms (the median of `rounds` rounds, each timing every implementation
     once, the order rotated a round: a GPU's clocks drift over a run, and the first or last of a row should not
-    carry it alone) and TFLOP/s of the forward (or of the backward alone), or the error that stopped it."""
+    carry it alone) and TFLOP/s of the forward (or of the backward alone), or the error that stopped it. With
+    `graph`, each timing replays a CUDA graph of many calls: the GPU's time alone, without host time."""
     per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
     sets = [p.random_inputs(device, seed, with_dout=direction == "bwd")
             for seed in range(input_sets(per_set * (2 if direction == "bwd" else 1), device))]
     variants = variant_kwargs(p, device)
     implementations = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal, **variants)}
     implementations.update({name: _sdpa(backend, p) for name, backend in SDPA_BACKENDS.items()})
-    timing = dict(rep_ms=max(20.0, 100.0 / rounds))
+    timing = dict(rep_ms=max(20.0, 100.0 / rounds), graph=graph)
 
     def timed(fn):  # (a backward's graphs are built for the round and freed after it, as one backend's at a time)
         if direction == "fwd":

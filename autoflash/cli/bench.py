@@ -23,8 +23,10 @@ def row_json(row: dict, problem, context: dict) -> str:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="append JSON lines (one per row) here")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="timings of each implementation a problem, the implementations interleaved (the median is kept)")
+@click.option("--graph", is_flag=True, help="time replays of CUDA graphs of many calls: the GPU's time alone, without "
+              "the host time per call that short kernels otherwise wait on")
 @mode_option
-def bench(shapes_file, plot_path, out_path, rounds, mode):
+def bench(shapes_file, plot_path, out_path, rounds, graph, mode):
     """Time autoflash and SDPA's backends on every problem of SHAPES (forward, backward or both)."""
     if plot_path:
         require_extra("plot", "matplotlib")  # before hours of timing, not after
@@ -50,7 +52,7 @@ def bench(shapes_file, plot_path, out_path, rounds, mode):
         click.echo(f"{direction + ' problem':<36} " + " ".join(f"{n:>14}" for n in (
             "autoflash", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")) + "   vs SDPA  source")
         for problem in problems:
-            rows = bench_problem(problem, device, direction, rounds)
+            rows = bench_problem(problem, device, direction, rounds, graph)
             results.append((problem, rows))
             speeds = {r["backend"]: r.get("tflops") for r in rows}
             plain = speeds["sdpa"]  # the ratio users see: against SDPA with no backend forced

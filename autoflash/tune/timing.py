@@ -19,7 +19,10 @@ def input_sets(bytes_per_set: int, device: torch.device, max_sets: int = 32) -> 
     return max(1, min(max_sets, math.ceil(2 * l2 / max(bytes_per_set, 1))))
 
 
-def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> float:
+def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+              graph: bool = False) -> float:
+    """Median time of one call of `fn`, ms; with `graph`, of one call within replays of a CUDA graph of many
+    (the GPU's time alone: no host time between calls, which short kernels otherwise wait on)."""
     if device.type != "cuda":  # the interpreter: wall time of a few calls (for the record, not for speed)
         times = []
         for i in range(3):
@@ -35,6 +38,8 @@ def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, re
     end.record()
     torch.cuda.synchronize()
     estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    if graph:
+        return _graph_ms(fn, n_sets, max(n_sets, min(1000, int(2.0 / estimate))), max(5, int(rep_ms / 2.0)))
     for i in range(max(1, int(warmup_ms / estimate))):
         fn(i % n_sets)
     reps = max(10, min(1000, int(rep_ms / estimate)))
@@ -46,6 +51,31 @@ def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, re
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def _graph_ms(fn, n_sets: int, calls: int, replays: int) -> float:
+    """Median over `replays` replays of a CUDA graph of `calls` calls (input sets cycled), per call."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # what the first calls allocate or set up, outside the capture
+        for i in range(n_sets):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i % n_sets)
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
 
 
 def backward_ms(forward, sets, device: torch.device, **timing) -> float:
