@@ -1,6 +1,7 @@
 """The tuner end to end under Triton's interpreter: trials recorded, failures classified, resumes (concurrency and
 faults: tests/reliability/)."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -127,3 +128,24 @@ def test_gpu_name_must_match_the_gpu_here(tmp_path):
     result = CliRunner().invoke(main, ["tune", "--interpret", "--gpu", "h100", "--shapes", shapes,
                                        "--db", f"sqlite:///{tmp_path / 'x.db'}"])
     assert result.exit_code != 0 and "does not match the GPU here" in result.output
+
+
+def test_a_knob_added_since_the_winner_was_timed_is_tried_on_it():
+    """upgraded_best: the winner's record lacks a knob added since; the guess is the winner with that knob as the
+    default sets it, the winner's own choices kept. Nothing where the record already names every knob."""
+    from dataclasses import replace
+
+    from autoflash.families.gluon.knobs import BwdKnobs
+    from autoflash.tune.trial import Outcome
+    from autoflash.tune.tuner import upgraded_best
+
+    default = BwdKnobs(dv_late=True)
+    winner = {"block_m": 32, "dq_writer": True, "family": "gluon", "group_splits": 1, "num_buffers": 3,
+              "warpgroups": 2}
+    slower = dict(winner, num_buffers=2)
+    done = {json.dumps(winner): Outcome("ok", median_ms=1.0), json.dumps(slower): Outcome("ok", median_ms=2.0),
+            "{}": Outcome("wrong")}
+    (guess,) = upgraded_best(done, default)
+    assert guess == replace(BwdKnobs.from_dict(winner), dv_late=True, dq_turns=default.dq_turns)
+    assert upgraded_best({default.to_json(): Outcome("ok", median_ms=1.0)}, default) == []
+    assert upgraded_best({}, default) == [] and upgraded_best(done, None) == []

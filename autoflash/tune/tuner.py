@@ -7,6 +7,7 @@ database claim each variant in the store before timing it (Store.claim): togethe
 --trials variants per problem, whatever each one's sampler proposes.
 """
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -67,6 +68,21 @@ def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, family: str, directi
     near = [(d, best.knobs) for best in store.best(gpu.family, fingerprint, direction)
             if best.problem != problem and (d := problem.distance(best.problem)) is not None]
     return [families.knobs_from_json(direction, knobs) for _, knobs in sorted(near)[:count]]
+
+
+def upgraded_best(done: dict, default: Knobs | None) -> list[Knobs]:
+    """The problem's fastest finished trial (`done`: knobs JSON -> outcome) with the knobs its record predates
+    set as the family's `default` sets them: after a knob joins a family, the winner with it is the first guess
+    (the default alone would drop what the winner had found)."""
+    ok = {k: t.median_ms for k, t in done.items() if t.status == "ok"}
+    if default is None or not ok:
+        return []
+    best = json.loads(min(ok, key=ok.get))
+    new = {name: value for name, value in json.loads(default.to_json()).items() if name not in best}
+    try:
+        return [type(default).from_dict(best | new)] if new else []
+    except (TypeError, ValueError):  # a record of knobs this version does not know: no guess from it
+        return []
 
 
 def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd") -> list[Knobs]:
@@ -188,7 +204,8 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
                f"e.g. {first.to_json()}: {'; '.join(family.violations(first, problem, gpu))}")
         return done, why
 
-    guesses = [family.default(problem, gpu, direction), *earlier_best(store, gpu, problem, direction),
+    default = family.default(problem, gpu, direction)
+    guesses = [default, *upgraded_best(done, default), *earlier_best(store, gpu, problem, direction),
                *nearest_tuned(store, gpu, problem, family.name, direction)]
     warm = [k.as_point() for k in guesses if k is not None and k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
