@@ -16,10 +16,17 @@ from autoflash.families import FAMILIES
 
 
 @contextlib.contextmanager
-def forced_knobs(change: dict):
+def forced_knobs(change: dict, seen: dict | None = None):
+    """(`seen`, where given, gets each direction's knobs as they ran: knobs JSON by direction.)"""
     original = Dispatcher.for_call
 
     def for_call(self, problem, gpu, direction, tensors, deterministic=False):
+        chosen = changed(self, problem, gpu, direction, tensors, deterministic)
+        if seen is not None:
+            seen[direction] = chosen.knobs.to_json()
+        return chosen
+
+    def changed(self, problem, gpu, direction, tensors, deterministic):
         chosen = original(self, problem, gpu, direction, tensors, deterministic)
         knobs = {name: value for name, value in change.items() if name not in ("default", "direction")}
         rest = {name: value for name, value in knobs.items() if name != "family"}

@@ -85,12 +85,14 @@ def main(argv=None):
             if name == "varlen" or not change]  # the baselines once
     for direction in ("fwd", "fwd+bwd"):
         for name, fn, change in runs:
-            with forced_knobs(change):
+            ran = {}  # the knobs dispatch ran, by direction (none for SDPA)
+            with forced_knobs(change, ran):
                 ms = timed(fn, direction != "fwd")
             work = flops[name] * (1 if direction == "fwd" else 3.5)
             line = dict(case=label(name, change), direction=direction, ms=ms, tflops=work / ms / 1e9, lengths=lengths,
-                        heads=args.heads, head_dim=d, causal=causal, gpu=torch.cuda.get_device_name(), time=stamp)
-            print(f"{direction:8s} {line['case']:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s")
+                        heads=args.heads, head_dim=d, causal=causal, knobs=ran, gpu=torch.cuda.get_device_name(),
+                        time=stamp)
+            print(f"{direction:8s} {line['case']:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s  {ran.get('fwd', '')}")
             append_row(args.out, line)
 
 
