@@ -8,6 +8,7 @@
 set -u
 out=$1 seconds=${2:-540} done_file=gpu_suite_done.txt
 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 touch "$done_file"
 python -m pytest -q --collect-only -m gpu -p no:cacheprovider --ignore=tests/test_gpu_large.py tests 2>/dev/null \
     | grep "::" > "$tmp/all"
