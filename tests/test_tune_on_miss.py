@@ -189,6 +189,7 @@ def test_a_tuner_killed_mid_search_keeps_its_trials_and_holds_no_one_up(tmp_path
     while _trials(tmp_path, "ok") < 2:
         assert tuner.poll() is None and time.monotonic() < deadline, "the tuner recorded no trial"
         time.sleep(0.5)
+    tuner.send_signal(signal.SIGSTOP)  # alive, its claim held, but no further: it cannot finish before the waiter comes
     waiter = start_rank(tmp_path, 38, budget_s)
     assert waiter.stdout.readline() == "calling\n"
     time.sleep(2)  # the waiter finds the tuner's claim and waits
