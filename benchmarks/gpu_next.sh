@@ -60,6 +60,34 @@ limit() {  # timeout [-s SIG] SECONDS CMD...; then reap what it left behind
     [ $rc -ge 124 ] && reap
     return $rc
 }
+bwd_knob() {  # bwd_knob KNOB BENCH: the Gluon backward's GPU tests that turn KNOB on, then KNOB beside the default
+               # on benchmarks/gluon_bwd.py's BENCH cells: per-cell ratios and their geomean
+    local knob=$1 bench=$2 rows="$out/${day}_h100_gluon_bwd_$1.jsonl" tests
+    mapfile -t tests < <(python -m pytest -q --collect-only -m gpu tests/test_gluon_bwd.py -p no:cacheprovider \
+        | grep -e "$knob=True" -e "::test_$knob")
+    limit 200 python -m pytest -q -m gpu -n 16 -p no:cacheprovider "${tests[@]}" \
+        > "$out/${day}_h100_gpu_tests_gluon_bwd_$knob.log" 2>&1
+    echo "$knob tests (${#tests[@]}) rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_bwd_$knob.log"
+    limit 320 python benchmarks/gluon_bwd.py --bench "$bench" --out "$rows" --variants "[\"default\", {\"$knob\": true}]" \
+        > "$out/${day}_h100_gluon_bwd_$knob.log" 2>&1
+    echo "$knob bench rc $?"; cat "$out/${day}_h100_gluon_bwd_$knob.log"
+    python - "$rows" "$knob" <<'PY'
+import json, math, sys
+rows, knob = sys.argv[1:]
+cells = {}
+for row in map(json.loads, open(rows)):
+    cells.setdefault(row["problem"], {})[row["backend"]] = row["ms"]
+ratios = []
+for problem, ms in cells.items():
+    on = next((t for name, t in ms.items() if knob in name), None)
+    if on and "gluon default" in ms:
+        ratios.append(ms["gluon default"] / on)
+        print(f"{problem:32s} {knob} / default {ratios[-1]:.3f}x  vs sdpa {ms['sdpa'] / on:.3f}x"
+              f"  (default vs sdpa {ms['sdpa'] / ms['gluon default']:.3f}x)")
+if ratios:
+    print(f"geomean {knob} / default {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x over {len(ratios)}")
+PY
+}
 reap  # a warm machine may still hold the last call's orphans
 mkdir -p "$out"
 day=$(date +%F)
@@ -170,55 +198,10 @@ dq-writer)  # dQ's tiles added by a warp of their own, beside the default (NOTES
     echo "dq writer bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dq_writer.log"
     ;;
 bwd-causal-short)  # dq_turns (NOTES G-bwd20): its GPU tests, then beside the default on the fp16 grid's d64 cells
-    mapfile -t tests < <(python -m pytest -q --collect-only -m gpu tests/test_gluon_bwd.py -p no:cacheprovider \
-        | grep -e "dq_turns=True" -e "::test_dq_turns")
-    limit 200 python -m pytest -q -m gpu -n 16 -p no:cacheprovider "${tests[@]}" \
-        > "$out/${day}_h100_gpu_tests_gluon_bwd_dq_turns.log" 2>&1
-    echo "dq_turns tests (${#tests[@]}) rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_bwd_dq_turns.log"
-    rows="$out/${day}_h100_gluon_bwd_dq_turns.jsonl"
-    limit 320 python benchmarks/gluon_bwd.py --bench d64 --out "$rows" --variants '["default", {"dq_turns": true}]' \
-        > "$out/${day}_h100_gluon_bwd_dq_turns.log" 2>&1
-    echo "dq_turns bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dq_turns.log"
-    python - "$rows" <<'PY'
-import json, math, sys
-cells = {}
-for row in map(json.loads, open(sys.argv[1])):
-    cells.setdefault(row["problem"], {})[row["backend"]] = row["ms"]
-ratios = []
-for problem, ms in cells.items():
-    turns = next((t for name, t in ms.items() if "dq_turns" in name), None)
-    if turns and "gluon default" in ms:
-        ratios.append(ms["gluon default"] / turns)
-        print(f"{problem:32s} dq_turns / default {ratios[-1]:.3f}x  vs sdpa {ms['sdpa'] / turns:.3f}x")
-if ratios:
-    print(f"geomean dq_turns / default {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x over {len(ratios)}")
-PY
+    bwd_knob dq_turns d64
     ;;
 bwd-d128)  # dv_late (NOTES G-bwd21): its GPU tests, then beside the default on the fp16 grid's d128 cells
-    mapfile -t tests < <(python -m pytest -q --collect-only -m gpu tests/test_gluon_bwd.py -p no:cacheprovider \
-        | grep -e "dv_late=True" -e "::test_dv_late")
-    limit 200 python -m pytest -q -m gpu -n 16 -p no:cacheprovider "${tests[@]}" \
-        > "$out/${day}_h100_gpu_tests_gluon_bwd_dv_late.log" 2>&1
-    echo "dv_late tests (${#tests[@]}) rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_bwd_dv_late.log"
-    rows="$out/${day}_h100_gluon_bwd_dv_late.jsonl"
-    limit 320 python benchmarks/gluon_bwd.py --bench d128 --out "$rows" --variants '["default", {"dv_late": true}]' \
-        > "$out/${day}_h100_gluon_bwd_dv_late.log" 2>&1
-    echo "dv_late bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dv_late.log"
-    python - "$rows" <<'PY'
-import json, math, sys
-cells = {}
-for row in map(json.loads, open(sys.argv[1])):
-    cells.setdefault(row["problem"], {})[row["backend"]] = row["ms"]
-ratios = []
-for problem, ms in cells.items():
-    late = next((t for name, t in ms.items() if "dv_late" in name), None)
-    if late and "gluon default" in ms:
-        ratios.append(ms["gluon default"] / late)
-        print(f"{problem:32s} dv_late / default {ratios[-1]:.3f}x  vs sdpa {ms['sdpa'] / late:.3f}x"
-              f"  (default vs sdpa {ms['sdpa'] / ms['gluon default']:.3f}x)")
-if ratios:
-    print(f"geomean dv_late / default {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x over {len(ratios)}")
-PY
+    bwd_knob dv_late d128
     ;;
 gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much
     limit 240 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py -p no:cacheprovider \
