@@ -160,7 +160,9 @@ def start_rank(tmp_path, seqlen_q: int, budget_s: float) -> subprocess.Popen:
 def finish(rank: subprocess.Popen, timeout: float = 300) -> dict:
     out, err = rank.communicate(timeout=timeout)
     assert rank.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+    lines = out.strip().splitlines()
+    assert lines, f"the rank exited 0 and printed nothing; its stderr: {err[-3000:]}"
+    return json.loads(lines[-1])
 
 
 def test_ranks_started_at_once_one_tunes_all_run_its_choice_and_later_processes_read_it(tmp_path):
