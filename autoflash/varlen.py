@@ -7,7 +7,8 @@ alike with cu_seqlens_k. The kernels are the `tl` family's (on Hopper the Gluon 
 VARLEN gate: each program runs one (sequence, query tile) of a table the launcher builds per call
 (templates/tl/launch_varlen.py, `varlen_tiles`; the backward's dK/dV programs, (sequence, key block)), the tiles
 with the most work first, so short sequences take no padded tiles. The table is built on the host
-from the lengths that the check of cu_seqlens brings there, and comes over in one copy; while a CUDA graph is
+from the lengths that the check of cu_seqlens brings there (one synchronisation the first time a pair of offsets
+tensors is seen, none after while torch sees no write to them), and comes over in one copy; while a CUDA graph is
 captured (no check, no values on the host) it is built on the device.
 
 Dispatch: a call is the Problem (batch = sequences, seqlen_q/seqlen_k = max_seqlen_q/max_seqlen_k rounded up to
@@ -17,6 +18,7 @@ record, else the nearest tuned packed problem's, else the nearest dense problem'
 to the varlen kernel (the table's order; pointer loads, or tma where the keys are not on pages), else the default.
 """
 
+import weakref
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -52,7 +54,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         out (total_q, heads_q, head_dim); with return_lse, (out, lse).
 
     The values of cu_seqlens are checked on the host (one synchronisation), and the kernels' tile tables built
-    there from them, except while a CUDA graph is being captured (no check; the tables built on the device).
+    there from them, except while a CUDA graph is being captured (no check; the tables built on the device). They
+    are read once for the same two tensors while torch sees no in-place write to them (its version counter): a
+    model's layers sharing one batch's offsets synchronise once. Offsets rewritten outside torch (by a kernel of
+    your own, in place) must come in new tensors.
     """
     q, k, v, host = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, return_lse, out)
     scale = checks.scale_of(softmax_scale, q.shape[-1])
@@ -202,9 +207,15 @@ def check_offsets(name, cu_seqlens, device) -> None:
 def host_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k):
     """The sequences' lengths of queries and of keys on the host (int64 numpy arrays), read in one
     synchronisation, their offsets checked: non-decreasing from 0 to total, no step above max_seqlen. None while
-    a CUDA graph is being captured (nothing is checked then)."""
+    a CUDA graph is being captured (nothing is checked then). Remembered for these two tensor objects while torch
+    sees no write to them (`_remembered`): the layers of a model that share one batch's offsets read them once."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return None
+    return _remembered((cu_seqlens_q, cu_seqlens_k), (total_q, total_k, max_seqlen_q, max_seqlen_k),
+                       lambda: _read_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k))
+
+
+def _read_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k):
     values = torch.cat((cu_seqlens_q, cu_seqlens_k)).cpu().numpy().astype(np.int64)
     offsets = values[:cu_seqlens_q.numel()], values[cu_seqlens_q.numel():]
     for name, cu_seqlens, total, max_seqlen in (("cu_seqlens_q", offsets[0], total_q, max_seqlen_q),
@@ -218,7 +229,34 @@ def host_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max
         if longest > max_seqlen:
             raise ValueError(f"a sequence of {name} holds {longest} rows, more than max_seqlen {max_seqlen}: pass "
                              "the longest length")
-    return np.diff(offsets[0]), np.diff(offsets[1])
+    lengths = np.diff(offsets[0]), np.diff(offsets[1])
+    for array in lengths:
+        array.flags.writeable = False  # shared by every call that remembers them
+    return lengths
+
+
+# What host_lengths read, by the identity of the offsets' tensors: (weak references to them, their state, the
+# lengths). A tensor's state is torch's version counter (bumped by every in-place write torch makes, through any
+# view) and its address; inference tensors have no counter and are read at every call.
+_read: dict = {}
+_MAX_READ = 16
+
+
+def _remembered(tensors, arguments, read):
+    """read() once for these tensor objects while unchanged, with these other arguments; else read() again."""
+    try:
+        state = tuple((t._version, t.data_ptr()) for t in tensors) + tuple(arguments)
+    except RuntimeError:  # an inference tensor: no version counter
+        return read()
+    key = tuple(map(id, tensors))
+    hit = _read.get(key)
+    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)) and hit[1] == state:
+        return hit[2]
+    value = read()
+    if len(_read) >= _MAX_READ:
+        _read.pop(next(iter(_read)))
+    _read[key] = (tuple(map(weakref.ref, tensors)), state, value)
+    return value
 
 
 def checked_packed(q, k, v):

@@ -30,22 +30,7 @@ summary="$out/g9_summary.txt"
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
 
-copy_tree() {  # copy_tree DIR PATCH: this tree (without .git and the results) patched, in DIR
-    local dir=$1 patch=$2
-    rm -rf "$dir" && mkdir -p "$dir"
-    tar -C "$root" --exclude=./.git --exclude=./benchmarks/results -cf - . | tar -C "$dir" -xf - || return 1
-    [ -z "$patch" ] && return 0
-    (cd "$dir" && patch -p1 -s --no-backup-if-mismatch --dry-run < "$patch" > /dev/null \
-        && patch -p1 -s --no-backup-if-mismatch < "$patch")
-}
-
-result_line() {  # result_line LOG: pytest's last summary line, its first failure and that failure's message
-    local log=$1 last first err
-    last=$(grep -E " in [0-9.]+s" "$log" | tail -1 | sed 's/=//g; s/^ *//')
-    first=$(grep -m1 -E "^FAILED|^ERROR" "$log" | cut -c1-160)
-    err=$(grep -m1 -E "^E +" "$log" | sed 's/^E *//' | cut -c1-160)
-    echo "${last:-no summary} | ${first:-no failure}${err:+ | $err}"
-}
+. "$root/benchmarks/patched_tree.sh"
 
 for n in 1 2 3 4; do
     dir=/tmp/g9_hyp$n log="$out/g9_hyp$n.log"

@@ -1,12 +1,13 @@
 """Packed variable-length attention against its dense baselines (issue 17's acceptance shape by default):
 
-    python benchmarks/varlen.py [--sequences 16] [--lengths 128,8192] [--heads 32/8] [--out results.jsonl]
+    python benchmarks/varlen.py [--sequences 16] [--lengths 128,8192] [--heads 32/8] [--out results.jsonl] [--profile]
 
 16 sequences of lengths log-uniform in [128, 8192], d128, GQA 4:1, causal, bf16. Timed, forward and forward +
 backward: autoflash.attention_varlen on the packed batch; plain SDPA (its default backends) on the batch padded to
 the longest sequence (masked per sequence: only the useful rows count); autoflash.attention on a dense batch of
 equal-length sequences holding the same total tokens, (batch, heads, seq, d) and as (batch, seq, heads, d)
-views. TFLOP/s count the useful FLOPs of each (causal: the visible half), so all are comparable."""
+views. TFLOP/s count the useful FLOPs of each (causal: the visible half), so all are comparable. --profile adds each
+forward's GPU time per kernel (torch.profiler, per call), to tell kernel time from the gaps between kernels."""
 
 import argparse
 import datetime
@@ -36,6 +37,19 @@ def timed(fn, backward):
     return triton.testing.do_bench(both, warmup=10, rep=100, grad_to_none=None)
 
 
+def kernel_times(fn, reps=20):
+    """ms per call on the GPU of each kernel fn launches, the longest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times = {event.key: event.self_device_time_total / reps / 1e3 for event in profile.key_averages()
+             if event.self_device_time_total > 0}
+    return dict(sorted(times.items(), key=lambda item: -item[1]))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequences", type=int, default=16)
@@ -47,6 +61,7 @@ def main(argv=None):
                         help='knob changes to sweep (forward, or the backward\'s with "direction": "bwd"), JSON: '
                              '\'[{}, {"num_warps": 8}, {"family": "gluon", "default": true, "direction": "bwd"}]\'')
     parser.add_argument("--out")
+    parser.add_argument("--profile", action="store_true", help="each forward's kernels' GPU time per call too")
     args = parser.parse_args(argv)
     heads_q, heads_kv = map(int, args.heads.split("/"))
     low, high = (list(map(int, args.lengths.split(","))) * 2)[:2]
@@ -93,6 +108,11 @@ def main(argv=None):
                         heads=args.heads, head_dim=d, causal=causal, knobs=ran, gpu=torch.cuda.get_device_name(),
                         time=stamp)
             print(f"{direction:8s} {line['case']:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s  {ran.get('fwd', '')}")
+            if args.profile and direction == "fwd":
+                with forced_knobs(change):
+                    line["kernels_ms"] = kernel_times(fn)
+                print(f"{'':8s} kernels {sum(line['kernels_ms'].values()):.3f} ms: " + ", ".join(
+                    f"{name[:60]} {t:.3f}" for name, t in list(line["kernels_ms"].items())[:6]))
             append_row(args.out, line)
 
 

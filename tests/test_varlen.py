@@ -157,6 +157,31 @@ def test_bad_lengths_say_how_to_fix():
             autoflash.attention_varlen(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu_q, cu_k, 4, 4)
 
 
+def test_offsets_read_once_while_unchanged(monkeypatch):
+    """The lengths come to the host (a synchronisation on a GPU) once for a pair of offsets tensors while torch sees
+    no write to them; a write in place, through a view too, is read again: the results follow the new values, bad
+    ones are refused, and so is a max_seqlen the remembered lengths exceed."""
+    q, k, v, cu_q, cu_k = packed_batch([3, 4], [5, 2], 2, 2, 16, torch.float32)
+    reads, read = [], autoflash.varlen._read_lengths
+    monkeypatch.setattr(autoflash.varlen, "_read_lengths", lambda *args: reads.append(args) or read(*args))
+    for _ in range(3):
+        autoflash.attention_varlen(q, k, v, cu_q, cu_k, 5, 5)
+    assert len(reads) == 1
+    with pytest.raises(ValueError, match="more than max_seqlen 4"):
+        autoflash.attention_varlen(q, k, v, cu_q, cu_k, 5, 4)
+    cu_q[1:2].fill_(5)  # queries 5 and 2
+    cu_k[1:2].fill_(3)  # keys 3 and 4
+    out = autoflash.attention_varlen(q, k, v, cu_q, cu_k, 5, 5)
+    assert len(reads) == 3
+    assert relative_error(out, varlen_reference(q, k, v, cu_q, cu_k, False)[0]) < TOLERANCE[torch.float32]
+    cu_q[1:2].fill_(9)
+    with pytest.raises(ValueError, match="rise .* from 0 to 7"):
+        autoflash.attention_varlen(q, k, v, cu_q, cu_k, 5, 5)
+    fresh = torch.tensor([0, 3, 7], dtype=torch.int32, device=DEVICE)  # a new tensor is read, whatever it holds
+    autoflash.attention_varlen(q, k, v, fresh, cu_k, 5, 5)
+    assert len(reads) == 5
+
+
 def test_empty_batch_and_no_rows():
     q, k, v, cu_q, cu_k = packed_batch([0, 0], [0, 5], 2, 2, 16, torch.float16)
     out, lse = autoflash.attention_varlen(q, k, v, cu_q, cu_k, 0, 5, return_lse=True)
