@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from autoflash import checks
-from autoflash.varlen import checked_packed, packed_forward
+from autoflash.varlen import checked_packed, packed_forward, read_once
 
 
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=None, k=None, v=None, causal=False,
@@ -44,7 +44,9 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
         out (batch, seqlen_q, heads_q, head_dim); with return_lse, (out, lse).
 
     The values of cache_seqlens and block_table are checked on the host (one synchronisation; the kernels' tile
-    table is then built there too) except while a CUDA graph is being captured.
+    table is then built there too) except while a CUDA graph is being captured; once for the same tensors while
+    torch sees no in-place write to them (its version counter): a decode step's layers synchronise once. Lengths or
+    a block table rewritten in place by a kernel of your own must come in new tensors.
     """
     batch, seqlen_q, heads_q, head_dim = _check_shapes(q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     checks.check_flags(causal=causal, return_lse=return_lse)
@@ -137,10 +139,17 @@ def _check_shapes(q, k_cache, v_cache, cache_seqlens, block_table, k, v):
 
 def _check_values(cache_seqlens, block_table, new, capacity, num_pages):
     """Each sequence's keys after the append, cache_seqlens + new, on the host (an int64 numpy array), checked
-    within the cache's capacity, and the block table's used entries valid pages: one synchronisation. None while
-    a CUDA graph is captured (nothing is checked then)."""
+    within the cache's capacity, and the block table's used entries valid pages: one synchronisation, none again
+    for the same tensors while torch sees no write to them (`read_once`: the layers of a decode step share them).
+    None while a CUDA graph is captured (nothing is checked then)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return None
+    return read_once((cache_seqlens,) if block_table is None else (cache_seqlens, block_table),
+                     (new, capacity, num_pages),
+                     lambda: _read_values(cache_seqlens, block_table, new, capacity, num_pages))
+
+
+def _read_values(cache_seqlens, block_table, new, capacity, num_pages):
     lengths = cache_seqlens + new
     values = [lengths.to(torch.int64)]
     if block_table is not None:
@@ -159,4 +168,5 @@ def _check_values(cache_seqlens, block_table, new, capacity, num_pages):
     if bad_pages and bad_pages[0]:
         raise ValueError(f"block_table lists {bad_pages[0]} pages outside 0..{num_pages - 1} among those the "
                          "sequences use: every used entry must index k_cache's first dimension")
+    lengths.flags.writeable = False  # shared by every call that remembers them
     return lengths

@@ -208,10 +208,10 @@ def host_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max
     """The sequences' lengths of queries and of keys on the host (int64 numpy arrays), read in one
     synchronisation, their offsets checked: non-decreasing from 0 to total, no step above max_seqlen. None while
     a CUDA graph is being captured (nothing is checked then). Remembered for these two tensor objects while torch
-    sees no write to them (`_remembered`): the layers of a model that share one batch's offsets read them once."""
+    sees no write to them (`read_once`): the layers of a model that share one batch's offsets read them once."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return None
-    return _remembered((cu_seqlens_q, cu_seqlens_k), (total_q, total_k, max_seqlen_q, max_seqlen_k),
+    return read_once((cu_seqlens_q, cu_seqlens_k), (total_q, total_k, max_seqlen_q, max_seqlen_k),
                        lambda: _read_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k))
 
 
@@ -235,15 +235,16 @@ def _read_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, ma
     return lengths
 
 
-# What host_lengths read, by the identity of the offsets' tensors: (weak references to them, their state, the
+# What read_once read, by the identity of the offsets' tensors: (weak references to them, their state, the
 # lengths). A tensor's state is torch's version counter (bumped by every in-place write torch makes, through any
 # view) and its address; inference tensors have no counter and are read at every call.
 _read: dict = {}
 _MAX_READ = 16
 
 
-def _remembered(tensors, arguments, read):
-    """read() once for these tensor objects while unchanged, with these other arguments; else read() again."""
+def read_once(tensors, arguments, read):
+    """read() once for these tensor objects while unchanged, with these other arguments; else read() again
+    (host values that cost a synchronisation: the offsets here, a KV cache's lengths and block table)."""
     try:
         state = tuple((t._version, t.data_ptr()) for t in tensors) + tuple(arguments)
     except RuntimeError:  # an inference tensor: no version counter

@@ -104,6 +104,33 @@ def test_paged_variants(knobs, on_host, monkeypatch):
     assert relative_error(out, ref) < TOLERANCE[torch.float16]
 
 
+def test_values_read_once_while_unchanged(monkeypatch):
+    """A decode step's layers share cache_seqlens and the block table: their values come to the host once while
+    torch sees no write to them; the next step's in-place increment is read again (results follow it), and so is
+    a block table rewritten in place (a page out of range refused)."""
+    reads, read = [], autoflash.kvcache._read_values
+    monkeypatch.setattr(autoflash.kvcache, "_read_values", lambda *args: reads.append(args) or read(*args))
+    gen = torch.Generator().manual_seed(8)
+    lengths = [20, 47]
+    q = normal(gen, 2, 1, 4, 32)
+    k_dense, v_dense = (normal(gen, 2, 64, 2, 32) for _ in range(2))
+    k_cache, v_cache, block_table = paged((k_dense, v_dense), 16, gen)
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+
+    def call():
+        return autoflash.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                                block_table=block_table)
+    for _ in range(3):
+        call()
+    assert len(reads) == 1
+    cache_seqlens += 1
+    assert relative_error(call(), reference(q, k_dense, v_dense, [21, 48], False)[0]) < TOLERANCE[torch.float16]
+    assert len(reads) == 2
+    block_table[1, 0] = k_cache.shape[0]
+    with pytest.raises(ValueError, match="pages outside"):
+        call()
+
+
 def test_bad_inputs_say_how_to_fix():
     gen = torch.Generator().manual_seed(7)
     q = normal(gen, 2, 1, 4, 32)
