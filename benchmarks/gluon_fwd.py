@@ -138,7 +138,8 @@ def bench(tmp, problems, variants, out_path, command):
                 continue
             if change == "default" or change.get("default"):  # the family's heuristic choice (and changes)
                 knobs = default_knobs(Problem(b, h, h, s, s, d, causal, str(dtype)[6:]), current()).as_point()
-                knobs |= {k: v for k, v in change.items() if k != "default"} if change != "default" else {}
+                knobs |= {k: v for k, v in change.items() if k not in ("default", "head_dims", "causal")} \
+                    if change != "default" else {}
                 if violations(FwdKnobs(**knobs), Problem(b, h, h, s, s, d, causal, str(dtype)[6:]), current()):
                     continue
             else:
@@ -152,9 +153,9 @@ def bench(tmp, problems, variants, out_path, command):
             rows[-1]["vs_sdpa"] = base / ms
             line[-1] += f" ({base / ms:.2f}x)"
         print(f"{label:28s} " + " | ".join(line), flush=True)
-    with open(out_path, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+        with open(out_path, "a") as f:  # each problem's rows as it ends: a run cut short keeps them
+            for row in rows[-len(line):]:
+                f.write(json.dumps(row) + "\n")
     return rows
 
 

@@ -42,6 +42,8 @@
 #                                                                       backward's mask_mod gate, tests then speed (NOTES G-bwd19)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh tile-overlap $OUT  # branch gfwd-tile-overlap: a tile's block 0
 #                                                                       under the last tile's last P V, tests then speed (NOTES G9)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh tile-overlap-hyp3 $OUT  # G9: main's cross-tile step beside
+#                                                                       hyp3's (results/g9_hyp/hyp3.patch), fp16 grid
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
@@ -295,7 +297,7 @@ tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then th
         > "$out/${day}_h100_gpu_tests_tile_overlap.log" 2>&1
     echo "tile-overlap gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_tile_overlap.log" | tail
     rows="$out/${day}_h100_gluon_tile_overlap.jsonl"
-    # (GRID=fa_grid_fp16 halves it, should the whole grid not fit the call's 10 minutes; rows are written at the end)
+    # (GRID=fa_grid_fp16 halves it, should the whole grid not fit the call's 10 minutes; rows are written per problem)
     limit -s INT 340 python benchmarks/gluon_fwd.py --bench "${GRID:-fa_grid}" --out "$rows" --variants '["default",
         {"default": true, "q_buffers": 2, "dynamic": false}, {"default": true, "tile_overlap": true},
         {"default": true, "q_buffers": 2, "dynamic": false, "tile_overlap": true}]' \
@@ -308,6 +310,41 @@ base = {r["problem"]: r["tflops"] for r in rows if r["backend"] == 'gluon "defau
 for r in rows:
     if "tile_overlap" in r["backend"] and r["problem"] in base:
         print(f'{r["problem"]:28s} {r["backend"][6:]:55s} {r["tflops"]:6.0f} TFLOP/s {r["tflops"] / base[r["problem"]]:.3f}x default')
+PY
+    ;;
+tile-overlap-hyp3)  # NOTES G9: main's cross-tile step (refused under causal) beside hyp3's (results/g9_hyp/hyp3.patch,
+    # which passes every case), fp16 grid, one machine: full cells both ways, causal cells hyp3 beside the default
+    root=$(pwd); . benchmarks/patched_tree.sh
+    limit -s INT 250 python benchmarks/gluon_fwd.py --bench fa_grid_fp16 --out "$out/${day}_h100_g9_main.jsonl" \
+        --variants '["default", {"default": true, "tile_overlap": true, "causal": false}]' > "$out/${day}_h100_g9_main.log" 2>&1
+    echo "main rc $?"
+    if copy_tree /tmp/g9_hyp3 "$root/benchmarks/results/g9_hyp/hyp3.patch"; then
+        (cd /tmp/g9_hyp3 && PYTHONPATH=/tmp/g9_hyp3:$PYTHONPATH limit -s INT 250 python benchmarks/gluon_fwd.py \
+            --bench fa_grid_fp16 --out "$out/${day}_h100_g9_hyp3.jsonl" \
+            --variants '[{"default": true, "tile_overlap": true}]' > "$out/${day}_h100_g9_hyp3.log" 2>&1)
+        echo "hyp3 rc $?"
+    else
+        echo "hyp3: PATCH FAILED"
+    fi
+    python - "$out/${day}_h100_g9_main.jsonl" "$out/${day}_h100_g9_hyp3.jsonl" <<'PY'
+import json, math, sys
+cells = {}
+for tree, path in zip(("main", "hyp3"), sys.argv[1:]):
+    for row in map(json.loads, open(path)):
+        name = "default" if row["backend"] == 'gluon "default"' else "overlap" if "tile_overlap" in row["backend"] else None
+        if name:
+            cells.setdefault(row["problem"], {})[f"{tree} {name}" if name == "overlap" else name] = row["tflops"]
+ratios = {"full": [], "causal": []}
+for problem, t in cells.items():
+    kind = "causal" if "causal" in problem else "full"
+    if "hyp3 overlap" in t and (kind == "causal" or "main overlap" in t):
+        against = t["default"] if kind == "causal" else t["main overlap"]
+        ratios[kind].append(t["hyp3 overlap"] / against)
+        print(f"{problem:28s} " + "  ".join(f"{k} {v:.0f}" for k, v in sorted(t.items()))
+              + f"  hyp3 / {'default' if kind == 'causal' else 'main overlap'} {ratios[kind][-1]:.3f}")
+for kind, r in ratios.items():
+    if r:
+        print(f"{kind}: geomean {math.exp(sum(map(math.log, r)) / len(r)):.3f} over {len(r)}")
 PY
     ;;
 ring)

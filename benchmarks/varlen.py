@@ -7,7 +7,7 @@ backward: autoflash.attention_varlen on the packed batch; plain SDPA (its defaul
 the longest sequence (masked per sequence: only the useful rows count); autoflash.attention on a dense batch of
 equal-length sequences holding the same total tokens, (batch, heads, seq, d) and as (batch, seq, heads, d)
 views. TFLOP/s count the useful FLOPs of each (causal: the visible half), so all are comparable. --profile adds each
-forward's GPU time per kernel (torch.profiler, per call), to tell kernel time from the gaps between kernels."""
+case's GPU time per kernel (torch.profiler, per call), to tell kernel time from the gaps between kernels."""
 
 import argparse
 import datetime
@@ -27,14 +27,19 @@ def useful_flops(lengths, heads, head_dim, causal):
     return sum(Problem(1, heads, heads, n, n, head_dim, causal, "bfloat16").fwd_flops() for n in lengths)
 
 
-def timed(fn, backward):
+def step(fn, backward):
+    """fn, or fn and the backward of its output."""
     if not backward:
-        return triton.testing.do_bench(fn, warmup=10, rep=100)
+        return fn
 
     def both():
         out = fn()
         out.backward(torch.ones_like(out))
-    return triton.testing.do_bench(both, warmup=10, rep=100, grad_to_none=None)
+    return both
+
+
+def timed(fn, backward):
+    return triton.testing.do_bench(step(fn, backward), warmup=10, rep=100, grad_to_none=None)
 
 
 def kernel_times(fn, reps=20):
@@ -61,7 +66,7 @@ def main(argv=None):
                         help='knob changes to sweep (forward, or the backward\'s with "direction": "bwd"), JSON: '
                              '\'[{}, {"num_warps": 8}, {"family": "gluon", "default": true, "direction": "bwd"}]\'')
     parser.add_argument("--out")
-    parser.add_argument("--profile", action="store_true", help="each forward's kernels' GPU time per call too")
+    parser.add_argument("--profile", action="store_true", help="each case's kernels' GPU time per call too")
     args = parser.parse_args(argv)
     heads_q, heads_kv = map(int, args.heads.split("/"))
     low, high = (list(map(int, args.lengths.split(","))) * 2)[:2]
@@ -108,9 +113,9 @@ def main(argv=None):
                         heads=args.heads, head_dim=d, causal=causal, knobs=ran, gpu=torch.cuda.get_device_name(),
                         time=stamp)
             print(f"{direction:8s} {line['case']:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s  {ran.get('fwd', '')}")
-            if args.profile and direction == "fwd":
+            if args.profile:
                 with forced_knobs(change):
-                    line["kernels_ms"] = kernel_times(fn)
+                    line["kernels_ms"] = kernel_times(step(fn, direction != "fwd"))
                 print(f"{'':8s} kernels {sum(line['kernels_ms'].values()):.3f} ms: " + ", ".join(
                     f"{name[:60]} {t:.3f}" for name, t in list(line["kernels_ms"].items())[:6]))
             append_row(args.out, line)

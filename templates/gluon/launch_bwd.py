@@ -93,6 +93,13 @@ def _rows(q):
     return torch.empty(batch * heads_q, triton.cdiv(seqlen_q, 4) * 4, dtype=torch.float32, device=q.device)
 
 
+def _sums(*grads):
+    """fp32 buffers to add gradients into, each laid out as its gradient (empty_like keeps a dense tensor's
+    strides): copying a sum into a (batch, seq, heads, dim) or packed view is then one contiguous pass, not a
+    strided one (NOTES 65)."""
+    return [torch.empty_like(t, dtype=torch.float32) for t in grads]
+
+
 def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_scale, causal, dlse, compile=None):
     """`backward(q, k, v, out, lse, dout, dq, dk, dv, dlse)` for every call shaped like this one (shapes, strides,
     dtypes, 16-byte alignment, dlse given or None). `kernels`: the rendered module; `knobs`: the dict it was
@@ -108,8 +115,8 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     block_d = max(16, triton.next_power_of_2(head_dim))
     splits = knobs["group_splits"]
     rows = _rows(q)  # (example tensors: each call allocates its own)
-    dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # (zeroed by the delta kernel)
-    dkv_sum = torch.empty((2, *k.shape), dtype=torch.float32, device=k.device) if splits > 1 else (dk, dv)
+    dq_sum, = _sums(dq)  # (zeroed by the delta kernel)
+    dkv_sum = _sums(dk, dv) if splits > 1 else (dk, dv)
     descriptors = _descriptor_maker((q, k, v, dout, *dkv_sum, dq_sum, rows, rows), knobs["block_m"], block_d,
                                     knobs["warpgroups"])
     delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, dq_sum, *out.stride()[:3],
@@ -132,12 +139,12 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
 
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse):
         lse2, delta = _rows(q), _rows(q)
-        dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        dq_sum, = _sums(dq)
         delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_sum)
         if splits == 1:
             main_launch(*descriptors(q, k, v, dout, dk, dv, dq_sum, lse2, delta))
         else:
-            dkv_sum = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+            dkv_sum = [t.zero_() for t in _sums(dk, dv)]
             main_launch(*descriptors(q, k, v, dout, *dkv_sum, dq_sum, lse2, delta))
             dk.copy_(dkv_sum[0])
             dv.copy_(dkv_sum[1])

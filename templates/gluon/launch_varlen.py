@@ -81,8 +81,8 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
     splits = knobs["group_splits"]
     entries = triton.cdiv(total_k, block_n) + batch  # bounds the (sequence, key block) pairs before the lengths
     rows = base_bwd._rows(q)  # (example tensors: each call allocates its own)
-    dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # (zeroed by the delta kernel)
-    dkv_sum = torch.empty((2, *k.shape), dtype=torch.float32, device=k.device) if splits > 1 else (dk, dv)
+    dq_sum, = base_bwd._sums(dq)  # (zeroed by the delta kernel)
+    dkv_sum = base_bwd._sums(dk, dv) if splits > 1 else (dk, dv)
     descriptors = base_bwd._descriptor_maker((q, k, v, dout, *dkv_sum, dq_sum), knobs["block_m"], block_d,
                                              knobs["warpgroups"])  # (lse2 and delta have none)
     delta_launch = compile(
@@ -100,7 +100,7 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
 
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k, host=None):
         lse2, delta = base_bwd._rows(q), base_bwd._rows(q)
-        dq_sum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        dq_sum, = base_bwd._sums(dq)
         delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_sum)
         if host is None:
             table = tables.varlen_tiles(cu_seqlens_k, cu_seqlens_q[1:] - cu_seqlens_q[:-1], 1, block_n, False,
@@ -108,7 +108,7 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
         else:
             table, = tables.to_device([tables.host_tiles(host[1], host[0], 1, block_n, False, entries)],
                                       cu_seqlens_q.device)
-        dkv = (dk, dv) if splits == 1 else torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+        dkv = (dk, dv) if splits == 1 else [t.zero_() for t in base_bwd._sums(dk, dv)]
         main_launch(*descriptors(q, k, v, dout, *dkv, dq_sum), lse2, delta, cu_seqlens_q, cu_seqlens_k, table, dk, dv)
         if splits > 1:
             dk.copy_(dkv[0])
