@@ -5,6 +5,11 @@ measurement and in parallel: Triton compilation is CPU-bound. One measuring work
 and times the variants that compiled, one at a time. A worker that dies (an illegal memory
 access) or outlives the per-trial timeout is killed and replaced, and its variant is recorded as
 crashed (with the last line the worker wrote to stderr) or timeout; the run goes on.
+
+Each compile worker holds one input set of its problem on the GPU: fifteen of them can run a large problem's GPU
+out of memory (a paged KV cache of 32 x 32k tokens is ~5 GB a set), which says nothing of the variant. So a compile
+worker short of device memory hands the variant on unrun (the measuring worker compiles and checks it), and the
+compile workers free their inputs before the measuring worker builds its own.
 """
 
 import multiprocessing
@@ -35,6 +40,16 @@ def _worker(conn, role: str, stderr: str, loader: str, interpret: bool):
     _serve(conn, role, loader, interpret)
 
 
+# A compile worker's answer where the GPU's memory ran short in it: the variant goes on to the measuring worker.
+_UNRUN = Outcome("ok")
+
+
+def _device_memory_short(outcome: Outcome) -> bool:
+    """The GPU's memory ran out (torch's allocator), as opposed to a variant's shared memory or registers."""
+    return outcome.status == "out_of_resources" and "out of memory" in (outcome.error or "").lower() \
+        and "outofresources" not in (outcome.error or "").lower()
+
+
 def _serve(conn, role: str, loader: str, interpret: bool):
     """Worker main loop: answer one request at a time, keeping the inputs of the latest problem and direction."""
     if interpret:
@@ -47,6 +62,12 @@ def _serve(conn, role: str, loader: str, interpret: bool):
         if request is None:
             return
         kind, problem, direction, knobs_json = request
+        if kind == "release":  # the runner measures next: the latest problem's inputs go
+            bench, built = None, None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            conn.send("released")
+            continue
         if (problem, direction) != built:
             bench, built = None, (problem, direction)  # free the last problem's tensors first
             bench_class = PackedBench if "VARLEN" in problem.variants else Bench
@@ -59,6 +80,9 @@ def _serve(conn, role: str, loader: str, interpret: bool):
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
         if bench is None:
+            if role == "compile" and _device_memory_short(unbuilt):
+                conn.send(_UNRUN)
+                continue
             conn.send(unbuilt.error if kind == "sdpa" else unbuilt)
             if unbuilt.fatal:
                 return
@@ -71,6 +95,10 @@ def _serve(conn, role: str, loader: str, interpret: bool):
             continue
         knobs = knobs_from_json(direction, knobs_json)
         outcome = bench.compile(knobs) if role == "compile" else bench.measure(knobs)
+        if role == "compile" and _device_memory_short(outcome):
+            outcome = _UNRUN
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         conn.send(outcome)
         if outcome.fatal:
             return
@@ -110,6 +138,16 @@ class _Worker:
         self.wait_ready()
         self.conn.send(request)
         self.deadline = time.monotonic() + timeout
+
+    def release(self):
+        """Have the worker free its problem's inputs (a worker that does not answer is replaced)."""
+        try:
+            self.send(("release", None, None, None), _STARTUP_TIMEOUT)
+            if self.conn.poll(_STARTUP_TIMEOUT) and self.conn.recv() == "released":
+                return
+        except (EOFError, OSError):
+            pass
+        self.restart()
 
     def restart(self):
         self.process.kill()
@@ -152,6 +190,8 @@ class Runner:
             if outcome.status != "ok":
                 on_outcome(knobs, outcome)
         outcomes = self._map(self.compilers, problem, variants, compiled) if self.compilers else {}
+        for worker in self.compilers:  # their inputs would crowd the measuring worker's out of the GPU
+            worker.release()
         to_measure = [k for k in variants if outcomes.get(k, Outcome("ok")).status == "ok"]
         outcomes.update(self._map([self.measurer], problem, to_measure, on_outcome))
         return [outcomes[k] for k in variants]
