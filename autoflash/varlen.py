@@ -212,7 +212,7 @@ def host_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return None
     return read_once((cu_seqlens_q, cu_seqlens_k), (total_q, total_k, max_seqlen_q, max_seqlen_k),
-                       lambda: _read_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k))
+                     lambda: _read_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k))
 
 
 def _read_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k):

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # NOTES V5: the packed forward's fix branches (benchmarks/results/varlen_fix/<branch>.patch, each `git format-patch`
-# of the branch on main) beside main, on one machine. Each tree is this one copied (patched) under /tmp/vf_<name>:
+# of the branch on main) beside main, on one machine. Each tree is this one copied (patched) under /tmp/vf_<name>.
+# Run in session 19 (NOTES 64) from commit aee5b11; fix12 landed after it (33a95f7, d658380), so on later commits the
+# patches no longer apply: `git worktree add /tmp/vf aee5b11` to rerun.
 #   . .device/setup.sh && bash benchmarks/varlen_fix.sh bench $OUT [TREES]   # speed, the Gluon default forced
 #   . .device/setup.sh && bash benchmarks/varlen_fix.sh tests $OUT [TREES]   # tests/test_gpu_varlen.py on each
 # TREES: names among main, varlen-fwd-fix1, varlen-fwd-fix2, varlen-fwd-fix12 (default: all four). The Gluon default
-# is forced beside the dispatched knobs since a branch moves the VARLEN forward's fingerprint (its packed records no longer count there).
-# Logs and rows: $OUT/vf_<name>_*.{log,jsonl}, packed into $OUT/vf_<phase>.tgz; one line a run in $OUT/vf_summary.txt. Under VF_BUDGET (540) seconds.
+# is forced beside the dispatched knobs since a branch moves the VARLEN forward's fingerprint (its packed records no
+# longer count there). Logs and rows: $OUT/vf_<name>_*.{log,jsonl}, packed into $OUT/vf_<phase>.tgz; one line a run
+# in $OUT/vf_summary.txt. Under VF_BUDGET (540) seconds.
 set -uo pipefail
 phase=${1:?usage: bash benchmarks/varlen_fix.sh bench|tests OUT [TREES]} out=${2:?OUT}
 trees=${3:-main varlen-fwd-fix1 varlen-fwd-fix2 varlen-fwd-fix12}
