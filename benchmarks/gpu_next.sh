@@ -44,7 +44,8 @@
 #                                                                       under the last tile's last P V, tests then speed (NOTES G9)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh tile-overlap-hyp3 $OUT  # G9: main's cross-tile step beside
 #                                                                       hyp3's (results/g9_hyp/hyp3.patch), fp16 grid
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh paged-retune $OUT  # paged decode searched again (NOTES 67), benched
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh paged-retune $OUT  # KV-cache decode searched again (NOTES 67),
+#       benched; with PATCH=benchmarks/results/paged_chunk/paged-chunk-splits.patch on a copy with it (NOTES K2)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
@@ -349,18 +350,26 @@ for kind, r in ratios.items():
         print(f"{kind}: geomean {math.exp(sum(map(math.log, r)) / len(r)):.3f} over {len(r)}")
 PY
     ;;
-paged-retune)  # NOTES 67: the paged decode problems searched again with the compile workers' fix (no trial lost to
-    # their GPU memory), merged, then the decode bench over 1k-32k lengths and at 32k
-    printf 'problems:\n  - {batch: 32, heads_q: 64, heads_kv: 8, seqlen_q: 1, seqlen_k: 32768, head_dim: 128, dtype: bfloat16,\n     kvcache: {page_size: [16, 256]}}\n' > /tmp/paged.yaml
+paged-retune)  # NOTES 67: the KV-cache decode problems (dense, pages of 16 and 256) searched again with the compile
+    # workers' fix (no trial lost to their GPU memory), merged, then the decode bench over 1k-32k lengths and at 32k.
+    # PATCH=benchmarks/results/paged_chunk/paged-chunk-splits.patch: the same on this tree with it applied (NOTES K2)
+    dir=$(pwd) tag=${PATCH:+_$(basename "${PATCH%.patch}")}
+    if [ -n "${PATCH:-}" ]; then
+        root=$dir; . benchmarks/patched_tree.sh
+        copy_tree /tmp/paged_tree "$dir/$PATCH" || { echo "PATCH FAILED: $PATCH"; exit 1; }
+        dir=/tmp/paged_tree
+    fi
+    printf 'problems:\n  - {batch: 32, heads_q: 64, heads_kv: 8, seqlen_q: 1, seqlen_k: 32768, head_dim: 128, dtype: bfloat16,\n     kvcache: {page_size: [0, 16, 256]}}\n' > /tmp/paged.yaml
+    cd "$dir" && export PYTHONPATH="$dir:$PYTHONPATH"
     cp tuning_db/h100.db /tmp/paged.db
     limit 300 python -m autoflash tune --gpu h100 --mode fwd --shapes /tmp/paged.yaml --trials "${TRIALS:-40}" \
-        --db /tmp/paged.db > "$out/${day}_h100_paged_retune.log" 2>&1
-    echo "paged retune rc $?"; grep -E "paged|problem" "$out/${day}_h100_paged_retune.log" | tail -n 3 | cut -c1-200
+        --db /tmp/paged.db > "$out/${day}_h100_paged_retune$tag.log" 2>&1
+    echo "paged retune$tag rc $?"; grep -E "varlen|problem" "$out/${day}_h100_paged_retune$tag.log" | tail -n 4 | cut -c1-200
     python -m autoflash merge --into tuning_db/h100.db /tmp/paged.db --current-only --standalone
-    cp tuning_db/h100.db "$out/h100.db"
-    limit 80 python benchmarks/kvcache_decode.py --out "$out/${day}_h100_kvcache_decode.jsonl" 2>&1 | grep -v -i warn
-    limit 80 python benchmarks/kvcache_decode.py --lengths 32768 --out "$out/${day}_h100_kvcache_decode_32k.jsonl" 2>&1 \
-        | grep -v -i warn
+    cp tuning_db/h100.db "$out/h100$tag.db"
+    limit 80 python benchmarks/kvcache_decode.py --out "$out/${day}_h100_kvcache_decode$tag.jsonl" 2>&1 | grep -v -i warn
+    limit 80 python benchmarks/kvcache_decode.py --lengths 32768 --out "$out/${day}_h100_kvcache_decode_32k$tag.jsonl" \
+        2>&1 | grep -v -i warn
     ;;
 short-ncu)  # NOTES 66: stall sampling by instruction of the Gluon default at d64 causal 512 and 16k, and of cuDNN's
     # kernel at 512, for the contrast (one CSV each, compressed)
