@@ -45,9 +45,9 @@ _UNRUN = Outcome("ok")
 
 
 def _device_memory_short(outcome: Outcome) -> bool:
-    """The GPU's memory ran out (torch's allocator), as opposed to a variant's shared memory or registers."""
-    return outcome.status == "out_of_resources" and "out of memory" in (outcome.error or "").lower() \
-        and "outofresources" not in (outcome.error or "").lower()
+    """The GPU's memory ran out (torch's allocator: "CUDA out of memory"), as opposed to a variant's shared memory
+    or registers (Triton's "out of resource: shared memory")."""
+    return outcome.status == "out_of_resources" and "out of memory" in (outcome.error or "").lower()
 
 
 def _serve(conn, role: str, loader: str, interpret: bool):
