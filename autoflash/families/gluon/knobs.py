@@ -265,17 +265,18 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
     unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59). Splits balance the causal band's unequal programs; a
     window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit, 454-475 split, NOTES 59). To head dim 64 the two
-    warpgroups take turns adding dQ (dq_turns: 11 of the fp16 grid's 12 d64 cells +3.5-10%, NOTES G-bwd20); past
-    64 to 128 full attention issues dV's wgmma after dS^T's store (dv_late: the fp16 grid's 6 d128 full cells
-    +2-18%, NOTES G-bwd21)."""
+    warpgroups take turns adding dQ (dq_turns: 11 of the fp16 grid's 12 d64 cells +3.5-10%, NOTES G-bwd20); full
+    attention to head dim 128, and causal to 64, issues dV's wgmma after dS^T's store (dv_late: the fp16 grid's 6
+    d128 full cells +2-18%, NOTES G-bwd21; beside dq_turns on the d64 cells from 2k +1.9%, NOTES 68)."""
     d = head_dim_pad(problem.head_dim)
     if direction == "bwd":
         split = problem.causal and problem.window == (-1, -1) and problem.seqlen_q >= 2048
         group = problem.heads_q // problem.heads_kv if split else 1
         # (dq_turns has run on the GPU for dense problems and the fixed variants, not packed or masked ones yet)
         turns = d <= 64 and not problem.gates() & {"VARLEN", "MASK_MOD"}
-        # (dv_late measured faster on full attention only: causal cells -4 to +3%, NOTES G-bwd21)
-        late = 64 < d <= 128 and not problem.causal and problem.window == (-1, -1) and not problem.gates() & {
+        # (dv_late measured faster past head dim 64 on full attention only, causal cells -4 to +3%, NOTES G-bwd21;
+        # to 64 beside dq_turns, causal or not, +1.9%, NOTES 68)
+        late = (d <= 64 or not problem.causal) and d <= 128 and problem.window == (-1, -1) and not problem.gates() & {
             "VARLEN", "MASK_MOD"}
         knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=math.gcd(group, 4 if d <= 64 else 2),
                          dq_turns=turns, dv_late=late)
