@@ -3,10 +3,13 @@
 SDPA (flash-attn-free baselines): on the dense (batch, heads, seqlen, dim) views where the lengths are equal,
 else one call per sequence on its keys.
 
-    python benchmarks/kvcache_decode.py [--batch 32] [--heads 64/8] [--lengths 1024,32768] [--graph] [--out F]
+    python benchmarks/kvcache_decode.py [--batch 32] [--heads 64/8] [--lengths 1024,32768] [--graph] [--profile]
+                                        [--out F]
 
---graph times each call replayed from a CUDA graph (as serving engines run decode): the GPU's time alone, without
-the Python that launches it; without it, each call as a user's code makes it.
+--graph times calls replayed from a CUDA graph of several (as serving engines run decode steps; `autoflash bench
+--graph`'s timing): the GPU's time alone, without the Python that launches each; without it, each call as a user's
+code makes it (one set of inputs: a decode's K and V are far larger than L2). --profile adds each case's GPU time
+per kernel (the key splits' kernel and their combine apart).
 
 Bandwidth counts the K and V bytes each call must read (every sequence's cache_seqlens keys): sum(lengths) x
 heads_kv x head_dim x 2 x bytes."""
@@ -20,7 +23,9 @@ import triton
 
 import autoflash
 from autoflash.reference import sdpa_attention
+from autoflash.tune.timing import median_ms
 from forced_knobs import changes_of, forced_knobs, label
+from profiling import kernel_times
 from results_file import append_row
 
 
@@ -45,20 +50,6 @@ def paged_cache(k_dense, v_dense, lengths, page_size, seed):
     return (*caches, order.view(batch, per_sequence).to(torch.int32))
 
 
-def captured(fn):
-    """fn's kernels captured once into a CUDA graph (after warm calls: compiles, the offsets read once); its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -69,6 +60,7 @@ def main(argv=None):
     parser.add_argument("--knobs", default="[{}]",
                         help='forward knob changes to sweep, JSON: \'[{}, {"kv_splits": 8}]\'')
     parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays of each call (GPU time only)")
+    parser.add_argument("--profile", action="store_true", help="each case's kernels' GPU time per call too")
     parser.add_argument("--out", help="append a JSON line per measurement to this file")
     args = parser.parse_args(argv)
     heads_q, heads_kv = map(int, args.heads.split("/"))
@@ -101,12 +93,17 @@ def main(argv=None):
             if name.startswith("kvcache") or not change]  # the baselines once
     for name, fn, change in runs:
         with forced_knobs(change):
-            ms = triton.testing.do_bench(captured(fn) if args.graph else fn, warmup=50, rep=300)
+            ms = median_ms(lambda _: fn(), 1, q.device, warmup_ms=50, rep_ms=300, graph=args.graph)
         name = label(name, change)
         line = dict(case=name, batch=args.batch, heads=args.heads, head_dim=d, lengths=[low, high],
                     kv_bytes=kv_bytes, ms=ms, tb_per_s=kv_bytes / ms / 1e9, graph=args.graph,
                     gpu=torch.cuda.get_device_name(), time=stamp)
         print(f"{name:22s} {ms * 1e3:9.1f} us  {line['tb_per_s']:.2f} TB/s")
+        if args.profile:
+            with forced_knobs(change):
+                line["kernels_ms"] = kernel_times(fn)
+            print(f"{'':22s} kernels {sum(line['kernels_ms'].values()) * 1e3:.1f} us: " + ", ".join(
+                f"{kernel[:50]} {t * 1e3:.1f}" for kernel, t in list(line["kernels_ms"].items())[:4]))
         append_row(args.out, line)
 
 

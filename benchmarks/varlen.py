@@ -20,6 +20,7 @@ import autoflash
 from autoflash.problem import Problem
 from forced_knobs import changes_of, forced_knobs, label
 from kvcache_decode import lengths_of
+from profiling import kernel_times
 from results_file import append_row
 
 
@@ -40,19 +41,6 @@ def step(fn, backward):
 
 def timed(fn, backward):
     return triton.testing.do_bench(step(fn, backward), warmup=10, rep=100, grad_to_none=None)
-
-
-def kernel_times(fn, reps=20):
-    """ms per call on the GPU of each kernel fn launches, the longest first."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    times = {event.key: event.self_device_time_total / reps / 1e3 for event in profile.key_averages()
-             if event.self_device_time_total > 0}
-    return dict(sorted(times.items(), key=lambda item: -item[1]))
 
 
 def main(argv=None):

@@ -21,10 +21,10 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
                         compile, pages=None):
     """`forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table, host)` over packed sequences, as
     the `tl` family's `varlen_forward_plan` (the same arguments and layouts: q, out (1, heads_q, total_q, head_dim)
-    and k, v (1, heads_kv, rows, head_dim) views of packed tensors, lse fp32 (1, heads_q, total_q) or None). Tile
-    t is entry t // heads_q of the table, head t % heads_q; Q, K, V come by TMA from the sequence's first rows (a
-    tile's rows past its sequence read the next one's, never kept), O leaves from registers masked to the
-    sequence's rows. No paged cache (`pages`), no key splits."""
+    and k, v (1, heads_kv, rows, head_dim) views of packed tensors, lse fp32 (1, heads_q, total_q) or None). In a
+    run of run_heads heads, tile t is entry t // run_heads of the table, a head of the run each; Q, K, V come by TMA
+    from the sequence's first rows (a tile's rows past its sequence read the next one's, never kept), O leaves
+    from registers masked to the sequence's rows. No paged cache (`pages`), no key splits."""
     if pages is not None:
         raise ValueError("the Gluon forward reads no paged KV cache: the tl family does")
     base._check(q, k, v, out, lse)
@@ -44,9 +44,14 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     if seqlens_k is None:  # only the layouts count here: the kernel is specialised on them
         seqlens_k = torch.empty(batch, dtype=torch.int32, device=q.device)
     table = torch.empty(2, entries, dtype=torch.int32, device=q.device)
-    args = (*descriptors(q, k, v, out), q if lse is None else lse, counter(), softmax_scale, heads_q,
-            heads_q // heads_kv, total_q, k.shape[2], entries, tiles, 1, cu_seqlens_q, starts_k, seqlens_k, table,
-            out, out.stride(1), out.stride(2), head_dim)
+    # Under causal masking, runs of as many whole KV groups as the K and V of every packed row fit the dense
+    # launcher's L2 share (at least one group); without it, every head of a table entry together.
+    group, rows_k = heads_q // heads_kv, k.shape[2]
+    run_heads = min(group * max(base.L2_BYTES_PER_RUN // (2 * block_d * q.element_size()) // rows_k, 1),
+                    heads_q) if causal else heads_q
+    args = (*descriptors(q, k, v, out), q if lse is None else lse, counter(), softmax_scale, heads_q, group, total_q,
+            rows_k, entries, tiles, run_heads, cu_seqlens_q, starts_k, seqlens_k, table, out, out.stride(1),
+            out.stride(2), head_dim)
     options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), RETURN_LSE=lse is not None, num_warps=4)
     launch = compile(kernels.attn_fwd, grid, args, options, 6, VARLEN_ARGS)
 
