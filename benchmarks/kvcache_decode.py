@@ -59,7 +59,8 @@ def main(argv=None):
     parser.add_argument("--page-sizes", default="16,256")
     parser.add_argument("--knobs", default="[{}]",
                         help='forward knob changes to sweep, JSON: \'[{}, {"kv_splits": 8}]\'')
-    parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays of each call (GPU time only)")
+    parser.add_argument("--graph", action="store_true",
+                        help="time calls replayed from CUDA graphs of several (GPU time only)")
     parser.add_argument("--profile", action="store_true", help="each case's kernels' GPU time per call too")
     parser.add_argument("--out", help="append a JSON line per measurement to this file")
     args = parser.parse_args(argv)
