@@ -46,6 +46,7 @@
 #                                                                       hyp3's (results/g9_hyp/hyp3.patch), fp16 grid
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh paged-retune $OUT  # KV-cache decode searched again (NOTES 67),
 #       benched; with PATCH=benchmarks/results/paged_chunk/paged-chunk-splits.patch on a copy with it (NOTES K2)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh decode-gap $OUT  # decode's time outside its kernels (69)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
@@ -370,6 +371,19 @@ paged-retune)  # NOTES 67: the KV-cache decode problems (dense, pages of 16 and 
     limit 80 python benchmarks/kvcache_decode.py --out "$out/${day}_h100_kvcache_decode$tag.jsonl" 2>&1 | grep -v -i warn
     limit 80 python benchmarks/kvcache_decode.py --lengths 32768 --out "$out/${day}_h100_kvcache_decode_32k$tag.jsonl" \
         2>&1 | grep -v -i warn
+    ;;
+decode-gap)  # NOTES 69: a 1k-32k decode call in graphs takes ~50-65 us more than its kernels' profile of plain calls;
+            # the kernels profiled in graph replays too, clocks and power sampled beside, and 32k each for contrast
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 100 \
+        > "$out/${day}_h100_decode_gap_clocks.csv" &
+    smi=$!
+    for lengths in 1024,32768 32768; do
+        for mode in --graph ""; do
+            limit 100 python benchmarks/kvcache_decode.py --lengths $lengths $mode --profile \
+                --out "$out/${day}_h100_decode_gap.jsonl" 2>&1 | grep -v -i warn | sed "s/^/$lengths ${mode:-plain} /"
+        done
+    done
+    kill $smi
     ;;
 short-ncu)  # NOTES 66: stall sampling by instruction of the Gluon default at d64 causal 512 and 16k, and of cuDNN's
     # kernel at 512, for the contrast (one CSV each, compressed)

@@ -53,11 +53,12 @@ def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, re
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def _graph_ms(fn, n_sets: int, calls: int, replays: int) -> float:
-    """Median over `replays` replays of a CUDA graph of `calls` calls (input sets cycled), per call."""
+def captured(fn, n_sets: int, calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of `fn` (input sets cycled), captured after each set's first call ran outside
+    it (what those allocate or set up), and replayed once."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # what the first calls allocate or set up, outside the capture
+    with torch.cuda.stream(side):
         for i in range(n_sets):
             fn(i)
     torch.cuda.current_stream().wait_stream(side)
@@ -66,6 +67,12 @@ def _graph_ms(fn, n_sets: int, calls: int, replays: int) -> float:
         for i in range(calls):
             fn(i % n_sets)
     graph.replay()
+    return graph
+
+
+def _graph_ms(fn, n_sets: int, calls: int, replays: int) -> float:
+    """Median over `replays` replays of a CUDA graph of `calls` calls (input sets cycled), per call."""
+    graph = captured(fn, n_sets, calls)
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
