@@ -42,6 +42,8 @@
 #                                                                       backward's mask_mod gate, tests then speed (NOTES G-bwd19)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh tile-overlap $OUT  # branch gfwd-tile-overlap: a tile's block 0
 #                                                                       under the last tile's last P V, tests then speed (NOTES G9)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh one-loop $OUT  # G10: one masked key-block loop (a patched copy),
+#                                                                       its tests, then short cells beside the default
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh tile-overlap-hyp3 $OUT  # G9: main's cross-tile step beside
 #                                                                       hyp3's (results/g9_hyp/hyp3.patch), fp16 grid
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh paged-retune $OUT  # KV-cache decode searched again (NOTES 67),
@@ -314,6 +316,31 @@ base = {r["problem"]: r["tflops"] for r in rows if r["backend"] == 'gluon "defau
 for r in rows:
     if "tile_overlap" in r["backend"] and r["problem"] in base:
         print(f'{r["problem"]:28s} {r["backend"][6:]:55s} {r["tflops"]:6.0f} TFLOP/s {r["tflops"] / base[r["problem"]]:.3f}x default')
+PY
+    ;;
+one-loop)  # NOTES G10 (branch one-loop, its patch under results/one_loop): on a copy of this tree with the patch and
+          # its database re-keyed, the knob's GPU tests, then beside the Gluon default on the fp16 grid's short cells
+          # (twice: the causal 512-2k cells are what it is for), rows per problem
+    root=$(pwd); . benchmarks/patched_tree.sh
+    copy_tree /tmp/one_loop "$root/benchmarks/results/one_loop/one-loop.patch" || { echo "PATCH FAILED"; exit 1; }
+    python benchmarks/rekey_records.py "$root" /tmp/one_loop /tmp/one_loop/tuning_db/h100.db
+    cd /tmp/one_loop && export PYTHONPATH="/tmp/one_loop:$PYTHONPATH"
+    limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py tests/test_gpu_varlen.py \
+        -k "one_loop or one loop" > "$out/${day}_h100_gpu_tests_one_loop.log" 2>&1
+    echo "one-loop gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_one_loop.log" | tail
+    rows="$out/${day}_h100_gluon_one_loop.jsonl"
+    limit -s INT 300 python benchmarks/gluon_fwd.py --bench short --repeat 2 --out "$rows" \
+        --variants '["default", {"default": true, "one_loop": true}]' > "$out/${day}_h100_gluon_one_loop.log" 2>&1
+    echo "one-loop bench rc $?"; cat "$out/${day}_h100_gluon_one_loop.log"
+    python - "$rows" <<'PY'  # one_loop against the default, per cell (the median of the repeats)
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+cells = {}
+for r in (r for r in rows if r["backend"].startswith("gluon")):
+    cells.setdefault(r["problem"], {}).setdefault("one_loop" in r["backend"], []).append(r["tflops"])
+for problem, by in cells.items():
+    if len(by) == 2:
+        print(f"{problem:28s} one_loop {statistics.median(by[True]) / statistics.median(by[False]):.3f}x default")
 PY
     ;;
 tile-overlap-hyp3)  # NOTES G9: main's cross-tile step (refused under causal) beside hyp3's (results/g9_hyp/hyp3.patch,
