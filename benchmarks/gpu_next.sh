@@ -47,7 +47,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh tile-overlap-hyp3 $OUT  # G9: main's cross-tile step beside
 #                                                                       hyp3's (results/g9_hyp/hyp3.patch), fp16 grid
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh paged-retune $OUT  # KV-cache decode searched again (NOTES 67),
-#       benched; with PATCH=benchmarks/results/paged_chunk/paged-chunk-splits.patch on a copy with it (NOTES K2)
+#       benched; with PATCH=benchmarks/results/paged_carry/paged-carry.patch on a copy with it (NOTES K3; K2's too)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh decode-gap $OUT  # decode's time outside its kernels (69)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # On the 2-GPU kind (nvidia-h200-x2):
@@ -380,7 +380,8 @@ PY
     ;;
 paged-retune)  # NOTES 67: the KV-cache decode problems (dense, pages of 16 and 256) searched again with the compile
     # workers' fix (no trial lost to their GPU memory), merged, then the decode bench over 1k-32k lengths and at 32k.
-    # PATCH=benchmarks/results/paged_chunk/paged-chunk-splits.patch: the same on this tree with it applied (NOTES K2)
+    # PATCH=benchmarks/results/paged_carry/paged-carry.patch (NOTES K3; K2's under paged_chunk/): the same on a copy
+    # of this tree with it applied
     dir=$(pwd) tag=${PATCH:+_$(basename "${PATCH%.patch}")}
     if [ -n "${PATCH:-}" ]; then
         root=$dir; . benchmarks/patched_tree.sh
@@ -395,9 +396,11 @@ paged-retune)  # NOTES 67: the KV-cache decode problems (dense, pages of 16 and 
     echo "paged retune$tag rc $?"; grep -E "varlen|problem" "$out/${day}_h100_paged_retune$tag.log" | tail -n 4 | cut -c1-200
     python -m autoflash merge --into tuning_db/h100.db /tmp/paged.db --current-only --standalone
     cp tuning_db/h100.db "$out/h100$tag.db"
-    limit 80 python benchmarks/kvcache_decode.py --out "$out/${day}_h100_kvcache_decode$tag.jsonl" 2>&1 | grep -v -i warn
-    limit 80 python benchmarks/kvcache_decode.py --lengths 32768 --out "$out/${day}_h100_kvcache_decode_32k$tag.jsonl" \
+    # (graph replays: a plain ~0.5 ms decode call measures the host as much as the GPU, NOTES 69)
+    limit 80 python benchmarks/kvcache_decode.py --graph --profile --out "$out/${day}_h100_kvcache_decode$tag.jsonl" \
         2>&1 | grep -v -i warn
+    limit 80 python benchmarks/kvcache_decode.py --graph --profile --lengths 32768 \
+        --out "$out/${day}_h100_kvcache_decode_32k$tag.jsonl" 2>&1 | grep -v -i warn
     ;;
 decode-gap)  # NOTES 69: a 1k-32k decode call in graphs takes ~50-65 us more than its kernels' profile of plain calls;
             # the kernels profiled in graph replays too, clocks and power sampled beside, and 32k each for contrast
