@@ -79,22 +79,7 @@ bwd_knob() {  # bwd_knob KNOB BENCH: the Gluon backward's GPU tests that turn KN
     limit 320 python benchmarks/gluon_bwd.py --bench "$bench" --out "$rows" --variants "[\"default\", {\"$knob\": true}]" \
         > "$out/${day}_h100_gluon_bwd_$knob.log" 2>&1
     echo "$knob bench rc $?"; cat "$out/${day}_h100_gluon_bwd_$knob.log"
-    python - "$rows" "$knob" <<'PY'
-import json, math, sys
-rows, knob = sys.argv[1:]
-cells = {}
-for row in map(json.loads, open(rows)):
-    cells.setdefault(row["problem"], {})[row["backend"]] = row["ms"]
-ratios = []
-for problem, ms in cells.items():
-    on = next((t for name, t in ms.items() if knob in name), None)
-    if on and "gluon default" in ms:
-        ratios.append(ms["gluon default"] / on)
-        print(f"{problem:32s} {knob} / default {ratios[-1]:.3f}x  vs sdpa {ms['sdpa'] / on:.3f}x"
-              f"  (default vs sdpa {ms['sdpa'] / ms['gluon default']:.3f}x)")
-if ratios:
-    print(f"geomean {knob} / default {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x over {len(ratios)}")
-PY
+    python benchmarks/knob_ratio.py "$rows" "$knob"
 }
 reap  # a warm machine may still hold the last call's orphans
 mkdir -p "$out"
@@ -309,14 +294,7 @@ tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then th
         {"default": true, "q_buffers": 2, "dynamic": false, "tile_overlap": true}]' \
         > "$out/${day}_h100_gluon_tile_overlap.log" 2>&1
     echo "tile-overlap bench rc $?"; cat "$out/${day}_h100_gluon_tile_overlap.log"
-    python - "$rows" <<'PY'  # each tile_overlap row against the default's, per cell
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-base = {r["problem"]: r["tflops"] for r in rows if r["backend"] == 'gluon "default"'}
-for r in rows:
-    if "tile_overlap" in r["backend"] and r["problem"] in base:
-        print(f'{r["problem"]:28s} {r["backend"][6:]:55s} {r["tflops"]:6.0f} TFLOP/s {r["tflops"] / base[r["problem"]]:.3f}x default')
-PY
+    python benchmarks/knob_ratio.py "$rows" tile_overlap
     ;;
 one-loop)  # NOTES G10 (branch one-loop, its patch under results/one_loop): on a copy of this tree with the patch and
           # its database re-keyed, the knob's GPU tests, then beside the Gluon default on the fp16 grid's short cells
@@ -332,16 +310,7 @@ one-loop)  # NOTES G10 (branch one-loop, its patch under results/one_loop): on a
     limit -s INT 300 python benchmarks/gluon_fwd.py --bench short --repeat 2 --out "$rows" \
         --variants '["default", {"default": true, "one_loop": true}]' > "$out/${day}_h100_gluon_one_loop.log" 2>&1
     echo "one-loop bench rc $?"; cat "$out/${day}_h100_gluon_one_loop.log"
-    python - "$rows" <<'PY'  # one_loop against the default, per cell (the median of the repeats)
-import json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-cells = {}
-for r in (r for r in rows if r["backend"].startswith("gluon")):
-    cells.setdefault(r["problem"], {}).setdefault("one_loop" in r["backend"], []).append(r["tflops"])
-for problem, by in cells.items():
-    if len(by) == 2:
-        print(f"{problem:28s} one_loop {statistics.median(by[True]) / statistics.median(by[False]):.3f}x default")
-PY
+    python benchmarks/knob_ratio.py "$rows" one_loop
     ;;
 tile-overlap-hyp3)  # NOTES G9: main's cross-tile step (refused under causal) beside hyp3's (results/g9_hyp/hyp3.patch,
     # which passes every case), fp16 grid, one machine: full cells both ways, causal cells hyp3 beside the default
