@@ -5,11 +5,11 @@ A batch of sequences of different lengths is packed without padding: q (total_q,
 sequence's query rows one after the other, sequence s the rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]); k and v
 alike with cu_seqlens_k. The kernels are the `tl` family's (on Hopper the Gluon family's), rendered with the
 VARLEN gate: each program runs one (sequence, query tile) of a table the launcher builds per call
-(templates/tl/launch_varlen.py, `varlen_tiles`; the backward's dK/dV programs, (sequence, key block)), the tiles
+(templates/tl/launch_varlen.py, `host_tiles`; the backward's dK/dV programs, (sequence, key block)), the tiles
 with the most work first, so short sequences take no padded tiles. The table is built on the host
 from the lengths that the check of cu_seqlens brings there (one synchronisation the first time a pair of offsets
 tensors is seen, none after while torch sees no write to them), and comes over in one copy; while a CUDA graph is
-captured (no check, no values on the host) it is built on the device.
+captured (no check, no values on the host) two small kernels build it on the device (`device_tiles`).
 
 Dispatch: a call is the Problem (batch = sequences, seqlen_q/seqlen_k = max_seqlen_q/max_seqlen_k rounded up to
 powers of two, variants {"VARLEN"}), tuned like a dense one (`autoflash tune` on a problems file with

@@ -17,6 +17,7 @@ from autoflash import codegen
 from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, bwd_tiles, default_knobs,
                                             fit, for_call, shared_memory_bytes, violations)
 from autoflash.gpu import KNOWN
+from autoflash.launch import compile_launch
 from autoflash.problem import Problem
 from autoflash.resources import launcher
 
@@ -455,6 +456,8 @@ def test_backward_varlen_arguments_reach_the_kernel(group_splits, on_host):
 
     def compile(kernel, grid, args, options, tensor_count, per_call=()):
         name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+        if name in ("_tile_keys", "_tile_order"):  # the device's table kernels (`tl`'s, they run interpreted)
+            return compile_launch(kernel, grid, args, options, tensor_count, per_call)
         compiled[name] = (kernel, grid, args, options, tensor_count, per_call)
 
         def launch(*tensors):

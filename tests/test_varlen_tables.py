@@ -3,6 +3,10 @@
 copy instead of being built by ~20 small device ops after the check's synchronisation."""
 
 import collections
+import os
+import subprocess
+import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import autoflash
+from autoflash.launch import compile_launch
 from autoflash.resources import launcher
 from conftest import DEVICE
 
@@ -37,16 +42,63 @@ def stated_table(lengths_q, lengths_k, rows_per_token, block, causal, count):
 @given(lengths_q=st.lists(LENGTH, min_size=1, max_size=10), data=st.data(),
        rows_per_token=st.sampled_from([1, 2, 4, 3]), block=st.sampled_from([16, 32, 64, 128]), causal=st.booleans())
 def test_host_table_is_the_device_table(lengths_q, data, rows_per_token, block, causal):
+    """The device's table (keys given as lengths or as offsets) is the host's and the stated one, entry for entry;
+    the scratch the kernels read is poisoned first, the table's padding entries count too."""
     lengths_k = data.draw(st.lists(LENGTH, min_size=len(lengths_q), max_size=len(lengths_q)), label="lengths_k")
+    offsets = data.draw(st.booleans(), label="keys as offsets")
     tl = launcher("tl", "varlen")
     count = -(-sum(lengths_q) * rows_per_token // block) + len(lengths_q)  # the plans' bound
+    count += data.draw(st.integers(0, 200), label="extra entries")  # more than a kernel program's 128 too
     cu_seqlens_q = torch.tensor([0, *np.cumsum(lengths_q)], dtype=torch.int32, device=DEVICE)
-    on_device = tl.varlen_tiles(cu_seqlens_q, torch.tensor(lengths_k, dtype=torch.int32, device=DEVICE),
-                                rows_per_token, block, causal, count)
+    keys = torch.tensor([0, *np.cumsum(lengths_k)] if offsets else lengths_k, dtype=torch.int32, device=DEVICE)
+    empty = torch.empty
+    with mock.patch.object(torch, "empty", lambda *size, **kwargs: empty(*size, **kwargs).fill_(-7)):
+        tiles = tl.device_tiles(compile_launch, cu_seqlens_q, keys, rows_per_token, block, causal, count, offsets)
+        on_device = tiles(cu_seqlens_q, keys)
     on_host = tl.host_tiles(np.array(lengths_q), np.array(lengths_k), rows_per_token, block, causal, count)
     assert on_host.dtype == np.int32 and on_device.dtype == torch.int32
     assert on_device.cpu().tolist() == on_host.tolist() == stated_table(lengths_q, lengths_k, rows_per_token,
                                                                          block, causal, count)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_device_table_of_many_sequences(causal):
+    """Past one chunk of the sequences (64) and one program's entries (128): 150 sequences, some empty, GQA rows."""
+    gen = np.random.default_rng(0)
+    lengths_q, lengths_k = gen.integers(0, 300, 150), gen.integers(0, 3000, 150)
+    lengths_q[::7] = 0
+    count = -(-int(lengths_q.sum()) * 4 // 64) + 150
+    cu_seqlens_q = torch.tensor([0, *np.cumsum(lengths_q)], dtype=torch.int32, device=DEVICE)
+    keys = torch.tensor(lengths_k, dtype=torch.int32, device=DEVICE)
+    tl = launcher("tl", "varlen")
+    on_device = tl.device_tiles(compile_launch, cu_seqlens_q, keys, 4, 64, causal, count)(cu_seqlens_q, keys)
+    assert on_device.cpu().tolist() == tl.host_tiles(lengths_q, lengths_k, 4, 64, causal, count).tolist()
+
+
+# Both table kernels compiled for sm_90 (Triton compiles for it without a GPU), causal or not, keys as lengths or
+# as offsets: what the interpreter runs, a GPU's compiler may refuse.
+COMPILE_FOR_SM90 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from autoflash.resources import launcher
+tl = launcher("tl", "varlen")
+pointers = {"Cu_seqlens_q": "*i32", "Keys": "*i32", "Scratch": "*i32", "batch": "i32", "count": "i32"}
+for causal in (False, True):
+    for offsets in (False, True):
+        constexprs = dict(ROWS_PER_TOKEN=8, BLOCK=16, IS_CAUSAL=causal, KEYS_ARE_OFFSETS=offsets,
+                          ENTRIES=tl.TABLE_ENTRIES, SEQUENCES=tl.TABLE_SEQUENCES)
+        triton.compile(ASTSource(tl._tile_keys, pointers | dict.fromkeys(constexprs, "constexpr"), constexprs),
+                       target=GPUTarget("cuda", 90, 32))
+triton.compile(ASTSource(tl._tile_order, {"Scratch": "*i32", "Tiles": "*i32", "count": "i32", "ENTRIES": "constexpr"},
+                         {"ENTRIES": tl.TABLE_ENTRIES}), target=GPUTarget("cuda", 90, 32))
+"""
+
+
+def test_table_kernels_compile_for_sm90():
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
 
 
 def test_one_copy_keeps_each_array_aligned():

@@ -55,9 +55,11 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), RETURN_LSE=lse is not None, num_warps=4)
     launch = compile(kernels.attn_fwd, grid, args, options, 6, VARLEN_ARGS)
 
+    device_table = tables.device_tiles(compile, cu_seqlens_q, seqlens_k, 1, tile_m, causal, entries)
+
     def forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table=None, host=None):
         if host is None:
-            table = tables.varlen_tiles(cu_seqlens_q, seqlens_k, 1, tile_m, causal, entries)
+            table = device_table(cu_seqlens_q, seqlens_k)
         else:
             seqlens_k, table = tables.to_device(
                 (host[1], tables.host_tiles(*host, 1, tile_m, causal, entries)), cu_seqlens_q.device)
@@ -103,13 +105,15 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
          head_dim),
         dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4), 9, BWD_VARLEN_ARGS)
 
+    device_table = tables.device_tiles(compile, cu_seqlens_k, cu_seqlens_q, 1, block_n, False, entries,
+                                       keys_are_offsets=True)
+
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k, host=None):
         lse2, delta = base_bwd._rows(q), base_bwd._rows(q)
         dq_sum, = base_bwd._sums(dq)
         delta_launch(out, dout, lse, lse if dlse is None else dlse, lse2, delta, dq_sum)
         if host is None:
-            table = tables.varlen_tiles(cu_seqlens_k, cu_seqlens_q[1:] - cu_seqlens_q[:-1], 1, block_n, False,
-                                        entries)
+            table = device_table(cu_seqlens_k, cu_seqlens_q)
         else:
             table, = tables.to_device([tables.host_tiles(host[1], host[0], 1, block_n, False, entries)],
                                       cu_seqlens_q.device)

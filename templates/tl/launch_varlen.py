@@ -8,43 +8,117 @@ triton and numpy.
 import numpy as np
 import torch
 import triton
+import triton.language as tl
 
 base = None  # the module of templates/tl/launch.py, set by the loader
 
 
-def varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block, causal, count):
-    """int32 (2, count): the (sequence, query block) pairs of a packed batch, sequences in the first row and
-    blocks in the second, the block that sees the most keys first (under causal masking a sequence's last
-    blocks; without, the longest sequences'), then padding (sequence -1) up to `count`, a bound known before
-    the lengths are (the grid is sized on the host). Built on the device: no synchronisation.
-    `rows_per_token`: query rows a token adds (the group size with pack_gqa, else 1); `block`: rows a block;
-    at least one sequence."""
-    lengths = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
-    entry = torch.arange(count, device=cu_seqlens_q.device)
-    return _tile_table(torch, lengths, seqlens_k.long(), entry, rows_per_token, block, causal).to(torch.int32)
+TABLE_ENTRIES, TABLE_SEQUENCES = 128, 64  # the table kernels' entries a program, sequences a step
+
+
+@triton.jit
+def _tile_keys(Cu_seqlens_q, Keys, Scratch, batch, count, ROWS_PER_TOKEN: tl.constexpr, BLOCK: tl.constexpr,
+               IS_CAUSAL: tl.constexpr, KEYS_ARE_OFFSETS: tl.constexpr, ENTRIES: tl.constexpr,
+               SEQUENCES: tl.constexpr):
+    """Entry e of the table in table order: Scratch[0, e] the keys its block sees (-1 past the last block),
+    Scratch[1, e] its sequence (-1 past), Scratch[2, e] its block within the sequence (past the last block: e less
+    the last sequence's first entry, as `host_tiles`)."""
+    entry = tl.program_id(0) * ENTRIES + tl.arange(0, ENTRIES)
+    # the entry's sequence: how many sequences' blocks end at or before it; its first entry: the largest such end
+    # among the sequences before the last (padding entries count from the last sequence's first entry)
+    seq = tl.zeros([ENTRIES], tl.int32)
+    first = tl.zeros([ENTRIES], tl.int32)
+    ends_before = tl.zeros([], tl.int32)
+    for s0 in range(0, batch, SEQUENCES):
+        s = s0 + tl.arange(0, SEQUENCES)
+        rows = tl.load(Cu_seqlens_q + s + 1, mask=s < batch, other=0) - tl.load(Cu_seqlens_q + s, mask=s < batch,
+                                                                                other=0)
+        blocks = (rows * ROWS_PER_TOKEN + BLOCK - 1) // BLOCK
+        ends = ends_before + tl.cumsum(blocks, 0)
+        passed = (ends[None, :] <= entry[:, None]) & (s < batch)[None, :]
+        seq += tl.sum(passed.to(tl.int32), 1)
+        first = tl.maximum(first, tl.max(tl.where(passed & (s < batch - 1)[None, :], ends[None, :], 0), 1))
+        ends_before += tl.sum(blocks, 0)
+    valid = seq < batch
+    seq = tl.minimum(seq, batch - 1)
+    index = entry - first
+    rows = tl.load(Cu_seqlens_q + seq + 1) - tl.load(Cu_seqlens_q + seq)
+    if KEYS_ARE_OFFSETS:
+        keys = tl.load(Keys + seq + 1) - tl.load(Keys + seq)
+    else:
+        keys = tl.load(Keys + seq)
+    if IS_CAUSAL:  # the block's last row sees the keys up to its position + seqlen_k - seqlen_q
+        last = tl.minimum((index + 1) * BLOCK, rows * ROWS_PER_TOKEN) // ROWS_PER_TOKEN
+        keys = tl.minimum(tl.maximum(last + keys - rows, 0), keys)
+    inside = entry < count
+    tl.store(Scratch + entry, tl.where(valid, keys, -1), mask=inside)
+    tl.store(Scratch + count + entry, tl.where(valid, seq, -1), mask=inside)
+    tl.store(Scratch + 2 * count + entry, index, mask=inside)
+
+
+@triton.jit
+def _tile_order(Scratch, Tiles, count, ENTRIES: tl.constexpr):
+    """Each entry of `_tile_keys` to its rank: the entries that see more keys, or as many and come earlier, go
+    before it (a stable sort, most keys first) -- a compare of every pair, ENTRIES x ENTRIES at a time."""
+    entry = tl.program_id(0) * ENTRIES + tl.arange(0, ENTRIES)
+    inside = entry < count
+    keys = tl.load(Scratch + entry, mask=inside, other=-2)
+    rank = tl.zeros([ENTRIES], tl.int32)
+    for o0 in range(0, count, ENTRIES):
+        other = o0 + tl.arange(0, ENTRIES)
+        other_keys = tl.load(Scratch + other, mask=other < count, other=-2)  # (-2: after every entry, padding too)
+        before = (other_keys[None, :] > keys[:, None]) | \
+            ((other_keys[None, :] == keys[:, None]) & (other[None, :] < entry[:, None]))
+        rank += tl.sum(before.to(tl.int32), 1)
+    tl.store(Tiles + rank, tl.load(Scratch + count + entry, mask=inside), mask=inside)
+    tl.store(Tiles + count + rank, tl.load(Scratch + 2 * count + entry, mask=inside), mask=inside)
+
+
+def device_tiles(compile, cu_seqlens_q, keys, rows_per_token, block, causal, count, keys_are_offsets=False):
+    """`tiles(cu_seqlens_q, keys)`: `host_tiles`' table (the same entries in the same order) built on the device by
+    two small kernels compiled now, no synchronisation: what calls use while a CUDA graph is captured (the lengths
+    cannot come to the host then). cu_seqlens_q: int32 (batch + 1,) offsets of the query rows; keys: int32, the
+    keys of each sequence (batch,), or with keys_are_offsets their (batch + 1,) offsets. `compile`: the plans'
+    (autoflash.launch.compile_launch)."""
+    batch = cu_seqlens_q.numel() - 1
+    scratch = torch.empty(3, count, dtype=torch.int32, device=cu_seqlens_q.device)
+    grid = (triton.cdiv(count, TABLE_ENTRIES),)
+    keys_launch = compile(
+        _tile_keys, grid, (cu_seqlens_q, keys, scratch, batch, count),
+        dict(ROWS_PER_TOKEN=rows_per_token, BLOCK=block, IS_CAUSAL=bool(causal), KEYS_ARE_OFFSETS=keys_are_offsets,
+             ENTRIES=TABLE_ENTRIES, SEQUENCES=TABLE_SEQUENCES, num_warps=4), 3)
+    order_launch = compile(_tile_order, grid, (scratch, torch.empty_like(scratch[:2]), count),
+                           dict(ENTRIES=TABLE_ENTRIES, num_warps=4), 2)
+
+    def tiles(cu_seqlens_q, keys):
+        scratch = torch.empty(3, count, dtype=torch.int32, device=cu_seqlens_q.device)
+        table = torch.empty(2, count, dtype=torch.int32, device=cu_seqlens_q.device)
+        keys_launch(cu_seqlens_q, keys, scratch)
+        order_launch(scratch, table)
+        return table
+    return tiles
 
 
 def host_tiles(lengths_q, seqlens_k, rows_per_token, block, causal, count):
-    """`varlen_tiles`' table, the same entries in the same order, from the lengths on the host (int64 numpy
-    arrays: the query rows and the keys of each sequence): a numpy int32 (2, count) array, no device work."""
-    return _tile_table(np, lengths_q, seqlens_k, np.arange(count), rows_per_token, block, causal).astype(np.int32)
-
-
-def _tile_table(xp, lengths, seqlens_k, entry, rows_per_token, block, causal):
-    """The tile table of `varlen_tiles` as int64, computed by the array library xp (torch or numpy) on the
-    arrays it holds: entry is arange(count)."""
-    blocks = (lengths * rows_per_token + block - 1) // block
+    """int32 (2, count): the (sequence, query block) pairs of a packed batch, sequences in the first row and
+    blocks in the second, the block that sees the most keys first (under causal masking a sequence's last
+    blocks; without, the longest sequences'; ties in table order), then padding (sequence -1) up to `count`, a
+    bound known before the lengths are (the grid is sized on the host). From the lengths on the host (int64 numpy
+    arrays: the query rows and the keys of each sequence; at least one sequence): a numpy array, no device work.
+    `rows_per_token`: query rows a token adds (the group size with pack_gqa, else 1); `block`: rows a block."""
+    entry = np.arange(count)
+    blocks = (lengths_q * rows_per_token + block - 1) // block
     ends = blocks.cumsum(0)
-    seq = xp.searchsorted(ends, entry, side="right")
-    valid = seq < lengths.shape[0]
-    seq = seq.clip(max=lengths.shape[0] - 1)
+    seq = np.searchsorted(ends, entry, side="right")
+    valid = seq < lengths_q.shape[0]
+    seq = seq.clip(max=lengths_q.shape[0] - 1)
     index = entry - (ends[seq] - blocks[seq])
     keys = seqlens_k[seq]
     if causal:  # the block's last row sees the keys up to its position + seqlen_k - seqlen_q
-        last = xp.minimum((index + 1) * block, lengths[seq] * rows_per_token) // rows_per_token
-        keys = xp.minimum((last + keys - lengths[seq]).clip(min=0), keys)
-    order = xp.argsort(-xp.where(valid, keys, -1), stable=True)  # the most keys first, ties in table order
-    return xp.stack((xp.where(valid, seq, -1)[order], index[order]))
+        last = np.minimum((index + 1) * block, lengths_q[seq] * rows_per_token) // rows_per_token
+        keys = np.minimum((last + keys - lengths_q[seq]).clip(min=0), keys)
+    order = np.argsort(-np.where(valid, keys, -1), stable=True)  # the most keys first, ties in table order
+    return np.stack((np.where(valid, seq, -1)[order], index[order])).astype(np.int32)
 
 
 def to_device(arrays, device):
@@ -69,7 +143,7 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     starts_k[s] of k and v (all int32 on q's device). lse: fp32 (1, heads_q, total_q) or None.
     pages: for a paged cache, (block_table (batch, max_pages) int32, page_size, page strides of k and v): row j of
     sequence s lies on page block_table[s, j // page_size] (k's first dim: pages) at row j % page_size (starts_k
-    then holds zeros). The grid is (table entries x heads, 1, kv_splits): `varlen_tiles`.
+    then holds zeros). The grid is (table entries x heads, 1, kv_splits): `host_tiles`.
     host: None, or the values of the lengths where the host holds them, int64 numpy arrays (the steps of
     cu_seqlens_q, seqlens_k): the table is then built on the host (`host_tiles`) and comes over with seqlens_k in
     one copy, no device work, and seqlens_k may be None (here and per call)."""
@@ -106,9 +180,11 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
              **dict(zip(varlen, (cu_seqlens_q, starts_k, seqlens_k, tiles, *(pages[:1] if pages else ()))))),
         5, varlen)
 
+    device_table = device_tiles(compile, cu_seqlens_q, seqlens_k, rows_per_token, block_m, causal, count)
+
     def lengths(cu_seqlens_q, starts_k, seqlens_k, block_table, host):
         if host is None:
-            tiles = varlen_tiles(cu_seqlens_q, seqlens_k, rows_per_token, block_m, causal, count)
+            tiles = device_table(cu_seqlens_q, seqlens_k)
         else:
             seqlens_k, tiles = to_device((host[1], host_tiles(*host, rows_per_token, block_m, causal, count)),
                                          cu_seqlens_q.device)
@@ -120,12 +196,17 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
                  *lengths(cu_seqlens_q, starts_k, seqlens_k, block_table, host))
         return forward
 
-    # the splits' partial results merge as in the dense forward: over (1, heads_q, total_q) rows
+    # the splits' partial results merge as in the dense forward: over (1, heads_q, total_q) rows, 32 a program, or
+    # fewer where that leaves an SM less than two programs (decode: one row a sequence, the batch in total_q)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+    rows = 32
+    while rows > 4 and triton.cdiv(total_q, rows) * heads_q < 2 * sms:
+        rows //= 2
     combine = compile(
-        kernels._attn_fwd_combine, (triton.cdiv(total_q, 32), heads_q),
+        kernels._attn_fwd_combine, (triton.cdiv(total_q, rows), heads_q),
         (main_out, main_out, out, out if lse is None else lse, *out.stride()[:3], heads_q, total_q),
         dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, KV_SPLITS=kv_splits, RETURN_LSE=lse is not None,
-             BLOCK_M=32, num_warps=4, enable_fp_fusion=True),
+             BLOCK_M=rows, num_warps=4, enable_fp_fusion=True),
         4)
 
     def forward(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, block_table=None, host=None):
@@ -142,7 +223,7 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
     every call shaped like this one (as `backward_plan`, the lengths' values aside): q, out, dout, dq (1, heads_q,
     total_q, head_dim) and k, v, dk, dv (1, heads_kv, total_k, head_dim) views of packed tensors; lse, dlse fp32
     (1, heads_q, total_q). The dK/dV programs run a table of (sequence, key block) pairs, the dQ pass one of
-    (sequence, query block) pairs (`varlen_tiles`). Writes dq, dk, dv. host: None, or the lengths of the
+    (sequence, query block) pairs (`host_tiles`). Writes dq, dk, dv. host: None, or the lengths of the
     sequences' queries and keys as int64 numpy arrays: both tables are then built on the host and come over in one
     copy."""
     _, heads_q, total_q, head_dim = q.shape
@@ -156,14 +237,16 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
     varlen = ("Cu_seqlens_q", "Cu_seqlens_k", "Tiles")
     key_count, query_count = triton.cdiv(total_k, block_n) + batch, triton.cdiv(total_q, block_n) + batch
 
+    key_table = device_tiles(compile, cu_seqlens_k, cu_seqlens_q, 1, block_n, False, key_count, keys_are_offsets=True)
+    query_table = None if atomic_dq else device_tiles(compile, cu_seqlens_q, cu_seqlens_k, 1, block_n, causal,
+                                                      query_count, keys_are_offsets=True)
+
     def tables(cu_seqlens_q, cu_seqlens_k, host):
         """The dK/dV programs' table (key blocks, the most query rows of their sequence first), then the dQ
         programs' unless dQ is atomic."""
         if host is None:
-            lengths_q, lengths_k = cu_seqlens_q[1:] - cu_seqlens_q[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-            keys = varlen_tiles(cu_seqlens_k, lengths_q, 1, block_n, False, key_count)
-            return [keys] + ([] if atomic_dq else
-                             [varlen_tiles(cu_seqlens_q, lengths_k, 1, block_n, causal, query_count)])
+            return [key_table(cu_seqlens_k, cu_seqlens_q)] + ([] if atomic_dq else
+                                                                [query_table(cu_seqlens_q, cu_seqlens_k)])
         lengths_q, lengths_k = host
         keys = host_tiles(lengths_k, lengths_q, 1, block_n, False, key_count)
         return to_device([keys] + ([] if atomic_dq else
