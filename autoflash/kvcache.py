@@ -60,7 +60,6 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
     # the sequences' query rows and keys on the host, the tile table built from them (else on the device)
     host = None if lengths is None else (np.full(batch, seqlen_q, dtype=np.int64), lengths)
     seqlens_k = None if host is not None else cache_seqlens + new if new else cache_seqlens
-    rows = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     packed_q = q.reshape(batch * seqlen_q, heads_q, head_dim)
     out = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(heads_q, batch * seqlen_q, dtype=torch.float32, device=q.device) if return_lse else None
@@ -69,15 +68,38 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
         line = k_cache.stride(0) // k_cache.stride(1), v_cache.stride(0) // v_cache.stride(1)
         keys, values = (cache.as_strided(((batch - 1) * step + cache.shape[1], *cache.shape[2:]), cache.stride()[1:])
                         for cache, step in ((k_cache, line[0]), (v_cache, line[1])))
-        packed_forward(packed_q, keys, values, out.view(packed_q.shape), lse, rows * seqlen_q, rows[:-1] * line[0],
-                       seqlens_k, seqlen_q, capacity, causal, scale, host=host)
+        packed_forward(packed_q, keys, values, out.view(packed_q.shape), lse,
+                       *_offsets(batch, seqlen_q, line[0], q.device), seqlens_k, seqlen_q, capacity, causal, scale,
+                       host=host)
     else:
         pages = (block_table, page_size, k_cache.stride(0), v_cache.stride(0))
-        packed_forward(packed_q, k_cache[0], v_cache[0], out.view(packed_q.shape), lse, rows * seqlen_q,
-                       torch.zeros_like(rows[:-1]), seqlens_k, seqlen_q, capacity, causal, scale, pages, host)
+        packed_forward(packed_q, k_cache[0], v_cache[0], out.view(packed_q.shape), lse,
+                       *_offsets(batch, seqlen_q, 0, q.device), seqlens_k, seqlen_q, capacity, causal, scale, pages,
+                       host)
     if return_lse:
         return out, lse.view(heads_q, batch, seqlen_q).transpose(0, 1)
     return out
+
+
+# (cu_seqlens_q, starts_k) by (batch, seqlen_q, line, device): made outside graph capture, kept (a few a model)
+_OFFSETS: dict = {}
+
+
+def _offsets(batch, seqlen_q, line, device):
+    """int32 (cu_seqlens_q, starts_k) of the packed call: sequence b's queries from row b * seqlen_q, its keys
+    from row b * line of the cache's view (0: a paged cache's, whose rows the block table places). Made once and
+    kept where no CUDA graph is being captured (what a captured call makes lives in the graph's memory), so a
+    decode step's layers and replays run no kernel for them."""
+    key = (batch, seqlen_q, line, device)
+    if key in _OFFSETS:
+        return _OFFSETS[key]
+    rows = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    offsets = rows * seqlen_q, rows[:-1] * line
+    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        if len(_OFFSETS) >= 64:
+            _OFFSETS.clear()
+        _OFFSETS[key] = offsets
+    return offsets
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table):

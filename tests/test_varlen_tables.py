@@ -76,20 +76,20 @@ def test_device_table_of_many_sequences(causal):
 
 
 # Both table kernels compiled for sm_90 (Triton compiles for it without a GPU), causal or not, keys as lengths or
-# as offsets: what the interpreter runs, a GPU's compiler may refuse.
+# as offsets, the table in one program or two kernels: what the interpreter runs, a GPU's compiler may refuse.
 COMPILE_FOR_SM90 = """
+import itertools
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from autoflash.resources import launcher
 tl = launcher("tl", "varlen")
-pointers = {"Cu_seqlens_q": "*i32", "Keys": "*i32", "Scratch": "*i32", "batch": "i32", "count": "i32"}
-for causal in (False, True):
-    for offsets in (False, True):
-        constexprs = dict(ROWS_PER_TOKEN=8, BLOCK=16, IS_CAUSAL=causal, KEYS_ARE_OFFSETS=offsets,
-                          ENTRIES=tl.TABLE_ENTRIES, SEQUENCES=tl.TABLE_SEQUENCES)
-        triton.compile(ASTSource(tl._tile_keys, pointers | dict.fromkeys(constexprs, "constexpr"), constexprs),
-                       target=GPUTarget("cuda", 90, 32))
+pointers = {"Cu_seqlens_q": "*i32", "Keys": "*i32", "Out": "*i32", "batch": "i32", "count": "i32"}
+for causal, offsets, one_program in itertools.product((False, True), repeat=3):
+    constexprs = dict(ROWS_PER_TOKEN=8, BLOCK=16, IS_CAUSAL=causal, KEYS_ARE_OFFSETS=offsets,
+                      ONE_PROGRAM=one_program, ENTRIES=tl.TABLE_ENTRIES, SEQUENCES=tl.TABLE_SEQUENCES)
+    triton.compile(ASTSource(tl._tile_keys, pointers | dict.fromkeys(constexprs, "constexpr"), constexprs),
+                   target=GPUTarget("cuda", 90, 32))
 triton.compile(ASTSource(tl._tile_order, {"Scratch": "*i32", "Tiles": "*i32", "count": "i32", "ENTRIES": "constexpr"},
                          {"ENTRIES": tl.TABLE_ENTRIES}), target=GPUTarget("cuda", 90, 32))
 """

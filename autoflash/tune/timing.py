@@ -30,7 +30,10 @@ def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, re
             fn(i % n_sets)
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
-    # Estimate one call, then warm up and measure for about warmup_ms and rep_ms.
+    # Estimate one call (after a first one: what it builds or compiles on the host, a plan, would count on the GPU's
+    # clock too and shrink the graphs and repetitions below), then warm up and measure for about warmup_ms and rep_ms.
+    fn(0)
+    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for i in range(5):

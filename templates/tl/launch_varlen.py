@@ -17,12 +17,22 @@ TABLE_ENTRIES, TABLE_SEQUENCES = 128, 64  # the table kernels' entries a program
 
 
 @triton.jit
-def _tile_keys(Cu_seqlens_q, Keys, Scratch, batch, count, ROWS_PER_TOKEN: tl.constexpr, BLOCK: tl.constexpr,
-               IS_CAUSAL: tl.constexpr, KEYS_ARE_OFFSETS: tl.constexpr, ENTRIES: tl.constexpr,
-               SEQUENCES: tl.constexpr):
-    """Entry e of the table in table order: Scratch[0, e] the keys its block sees (-1 past the last block),
-    Scratch[1, e] its sequence (-1 past), Scratch[2, e] its block within the sequence (past the last block: e less
-    the last sequence's first entry, as `host_tiles`)."""
+def _ranks(keys, entry, other_keys, other):
+    """How many of the `other` entries go before each entry: those that see more keys, or as many and come
+    earlier (a stable sort, most keys first)."""
+    before = (other_keys[None, :] > keys[:, None]) | ((other_keys[None, :] == keys[:, None]) &
+                                                      (other[None, :] < entry[:, None]))
+    return tl.sum(before.to(tl.int32), 1)
+
+
+@triton.jit
+def _tile_keys(Cu_seqlens_q, Keys, Out, batch, count, ROWS_PER_TOKEN: tl.constexpr, BLOCK: tl.constexpr,
+               IS_CAUSAL: tl.constexpr, KEYS_ARE_OFFSETS: tl.constexpr, ONE_PROGRAM: tl.constexpr,
+               ENTRIES: tl.constexpr, SEQUENCES: tl.constexpr):
+    """Entry e of the table in table order: the keys its block sees (-1 past the last block), its sequence (-1
+    past), its block within the sequence (past the last block: e less the last sequence's first entry, as
+    `host_tiles`), into Out[0..2, e] for `_tile_order`; or, ONE_PROGRAM (the whole table in this program), the
+    table itself into Out[0..1]."""
     entry = tl.program_id(0) * ENTRIES + tl.arange(0, ENTRIES)
     # the entry's sequence: how many sequences' blocks end at or before it; its first entry: the largest such end
     # among the sequences before the last (padding entries count from the last sequence's first entry)
@@ -51,48 +61,54 @@ def _tile_keys(Cu_seqlens_q, Keys, Scratch, batch, count, ROWS_PER_TOKEN: tl.con
         last = tl.minimum((index + 1) * BLOCK, rows * ROWS_PER_TOKEN) // ROWS_PER_TOKEN
         keys = tl.minimum(tl.maximum(last + keys - rows, 0), keys)
     inside = entry < count
-    tl.store(Scratch + entry, tl.where(valid, keys, -1), mask=inside)
-    tl.store(Scratch + count + entry, tl.where(valid, seq, -1), mask=inside)
-    tl.store(Scratch + 2 * count + entry, index, mask=inside)
+    keys, seq = tl.where(valid, keys, -1), tl.where(valid, seq, -1)
+    if ONE_PROGRAM:
+        keys = tl.where(inside, keys, -2)  # (-2: after every entry, padding too)
+        rank = _ranks(keys, entry, keys, entry)
+        tl.store(Out + rank, seq, mask=inside)
+        tl.store(Out + count + rank, index, mask=inside)
+    else:
+        tl.store(Out + entry, keys, mask=inside)
+        tl.store(Out + count + entry, seq, mask=inside)
+        tl.store(Out + 2 * count + entry, index, mask=inside)
 
 
 @triton.jit
 def _tile_order(Scratch, Tiles, count, ENTRIES: tl.constexpr):
-    """Each entry of `_tile_keys` to its rank: the entries that see more keys, or as many and come earlier, go
-    before it (a stable sort, most keys first) -- a compare of every pair, ENTRIES x ENTRIES at a time."""
+    """Each entry of `_tile_keys` to its rank among all of them, compared ENTRIES x ENTRIES at a time."""
     entry = tl.program_id(0) * ENTRIES + tl.arange(0, ENTRIES)
     inside = entry < count
     keys = tl.load(Scratch + entry, mask=inside, other=-2)
     rank = tl.zeros([ENTRIES], tl.int32)
     for o0 in range(0, count, ENTRIES):
         other = o0 + tl.arange(0, ENTRIES)
-        other_keys = tl.load(Scratch + other, mask=other < count, other=-2)  # (-2: after every entry, padding too)
-        before = (other_keys[None, :] > keys[:, None]) | \
-            ((other_keys[None, :] == keys[:, None]) & (other[None, :] < entry[:, None]))
-        rank += tl.sum(before.to(tl.int32), 1)
+        rank += _ranks(keys, entry, tl.load(Scratch + other, mask=other < count, other=-2), other)
     tl.store(Tiles + rank, tl.load(Scratch + count + entry, mask=inside), mask=inside)
     tl.store(Tiles + count + rank, tl.load(Scratch + 2 * count + entry, mask=inside), mask=inside)
 
 
 def device_tiles(compile, cu_seqlens_q, keys, rows_per_token, block, causal, count, keys_are_offsets=False):
     """`tiles(cu_seqlens_q, keys)`: `host_tiles`' table (the same entries in the same order) built on the device by
-    two small kernels compiled now, no synchronisation: what calls use while a CUDA graph is captured (the lengths
-    cannot come to the host then). cu_seqlens_q: int32 (batch + 1,) offsets of the query rows; keys: int32, the
-    keys of each sequence (batch,), or with keys_are_offsets their (batch + 1,) offsets. `compile`: the plans'
-    (autoflash.launch.compile_launch)."""
-    batch = cu_seqlens_q.numel() - 1
-    scratch = torch.empty(3, count, dtype=torch.int32, device=cu_seqlens_q.device)
+    small kernels compiled now, no synchronisation: what calls use while a CUDA graph is captured (the lengths
+    cannot come to the host then). One kernel where one program holds the table (decode), else two.
+    cu_seqlens_q: int32 (batch + 1,) offsets of the query rows; keys: int32, the keys of each sequence (batch,), or
+    with keys_are_offsets their (batch + 1,) offsets. `compile`: the plans' (autoflash.launch.compile_launch)."""
+    batch, one_program = cu_seqlens_q.numel() - 1, count <= TABLE_ENTRIES
+    scratch = torch.empty(2 if one_program else 3, count, dtype=torch.int32, device=cu_seqlens_q.device)
     grid = (triton.cdiv(count, TABLE_ENTRIES),)
     keys_launch = compile(
         _tile_keys, grid, (cu_seqlens_q, keys, scratch, batch, count),
         dict(ROWS_PER_TOKEN=rows_per_token, BLOCK=block, IS_CAUSAL=bool(causal), KEYS_ARE_OFFSETS=keys_are_offsets,
-             ENTRIES=TABLE_ENTRIES, SEQUENCES=TABLE_SEQUENCES, num_warps=4), 3)
-    order_launch = compile(_tile_order, grid, (scratch, torch.empty_like(scratch[:2]), count),
-                           dict(ENTRIES=TABLE_ENTRIES, num_warps=4), 2)
+             ONE_PROGRAM=one_program, ENTRIES=TABLE_ENTRIES, SEQUENCES=TABLE_SEQUENCES, num_warps=4), 3)
+    order_launch = None if one_program else compile(_tile_order, grid, (scratch, scratch[:2].clone(), count),
+                                                    dict(ENTRIES=TABLE_ENTRIES, num_warps=4), 2)
 
     def tiles(cu_seqlens_q, keys):
-        scratch = torch.empty(3, count, dtype=torch.int32, device=cu_seqlens_q.device)
         table = torch.empty(2, count, dtype=torch.int32, device=cu_seqlens_q.device)
+        if one_program:
+            keys_launch(cu_seqlens_q, keys, table)
+            return table
+        scratch = torch.empty(3, count, dtype=torch.int32, device=cu_seqlens_q.device)
         keys_launch(cu_seqlens_q, keys, scratch)
         order_launch(scratch, table)
         return table
