@@ -127,6 +127,33 @@ def test_kvcache_decode_in_a_cuda_graph():
     assert relative_error(out, ref) < TOLERANCE[torch.float16]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_forward_in_a_cuda_graph(causal):
+    """Packed sequences' forward captured in a CUDA graph (no host lengths: the tile table built on the device),
+    the offsets rewritten in place between replays (the same total): the replay's out and lse against the fp64
+    reference on the new lengths, out poisoned before the replay."""
+    first, second = [1000, 7, 0, 1993, 1], [123, 2049, 828, 0, 1]
+    q, k, v, cu_q, cu_k = packed_batch(first, first, 16, 4, 128, torch.bfloat16)
+    out = torch.empty_like(q)
+
+    def step():
+        return autoflash.attention_varlen(q, k, v, cu_q, cu_k, 2049, 2049, causal=causal, return_lse=True, out=out)[1]
+    step()  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_lse = step()
+    offsets = torch.tensor([0, *torch.tensor(second).cumsum(0).tolist()], dtype=torch.int32)
+    cu_q.copy_(offsets)
+    cu_k.copy_(offsets)
+    out.fill_(float("nan"))
+    graph.replay()
+    ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal)
+    seen = torch.isfinite(ref_lse)
+    assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
+    assert torch.equal(seen, torch.isfinite(captured_lse))
+    assert (captured_lse[seen].double() - ref_lse[seen]).abs().max() < 1e-2
+
+
 def _force_gluon(monkeypatch, direction, change):
     """Dispatch runs the Gluon family's default knobs with `change` for `direction` (the case skips where they
     cannot run the problem); the list it returns gets the knobs of each such dispatch."""
