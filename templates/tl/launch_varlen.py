@@ -181,7 +181,7 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *main_out.stride()[:3])
     unit = base._stride_unit(q.element_size(), strides)
     varlen = ("Cu_seqlens_q", "Starts_k", "Seqlens_k", "Tiles") + (("Pages",) if pages else ())
-    paged = dict(stride_pages=pages[0].stride(0), page_size=pages[1], stride_kpage=pages[2],
+    paged = dict(stride_pages=pages[0].stride(0), PAGE_SIZE=pages[1], stride_kpage=pages[2],
                  stride_vpage=pages[3]) if pages else {}
     if seqlens_k is None:  # only the layouts count here: the kernels are specialised on them
         seqlens_k = torch.empty(batch, dtype=torch.int32, device=q.device)
