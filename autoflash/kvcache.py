@@ -81,7 +81,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
     return out
 
 
-# (cu_seqlens_q, starts_k) by (batch, seqlen_q, line, device): made outside graph capture, kept (a few a model)
+# (cu_seqlens_q, starts_k) by (batch, seqlen_q, line, device): made outside graph capture and never dropped, since
+# a captured graph goes on reading the ones it was captured with (a few hundred bytes each, one a shape)
 _OFFSETS: dict = {}
 
 
@@ -96,8 +97,6 @@ def _offsets(batch, seqlen_q, line, device):
     rows = torch.arange(batch + 1, dtype=torch.int32, device=device)
     offsets = rows * seqlen_q, rows[:-1] * line
     if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-        if len(_OFFSETS) >= 64:
-            _OFFSETS.clear()
         _OFFSETS[key] = offsets
     return offsets
 
