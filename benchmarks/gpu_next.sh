@@ -47,7 +47,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh tile-overlap-hyp3 $OUT  # G9: main's cross-tile step beside
 #                                                                       hyp3's (results/g9_hyp/hyp3.patch), fp16 grid
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh paged-retune $OUT  # KV-cache decode searched again (NOTES 67),
-#       benched; with PATCH=benchmarks/results/paged_carry/paged-carry.patch on a copy with it (NOTES K3; K2's too)
+#       benched; with PATCH=benchmarks/results/paged_rows/paged-rows.patch on a copy with it (NOTES K7)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh decode-gap $OUT  # decode's time outside its kernels (69)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # On the 2-GPU kind (nvidia-h200-x2):
@@ -349,7 +349,7 @@ PY
     ;;
 paged-retune)  # NOTES 67: the KV-cache decode problems (dense, pages of 16 and 256) searched again with the compile
     # workers' fix (no trial lost to their GPU memory), merged, then the decode bench over 1k-32k lengths and at 32k.
-    # PATCH=benchmarks/results/paged_carry/paged-carry.patch (NOTES K3; K2's under paged_chunk/): the same on a copy
+    # PATCH=benchmarks/results/paged_rows/paged-rows.patch (NOTES K7; K2 under paged_chunk/): the same on a copy
     # of this tree with it applied
     dir=$(pwd) tag=${PATCH:+_$(basename "${PATCH%.patch}")}
     if [ -n "${PATCH:-}" ]; then
