@@ -3,12 +3,13 @@
 # a fresh SQLite database and a fresh Triton cache each, so neither run starts from the other's compiled kernels.
 #   . .device/setup.sh && bash benchmarks/multi_gpu_tune.sh $OUT [shapes file] [trials]
 # Writes $OUT/<date>_multi_gpu_tune.jsonl (one line per run: devices, seconds, trials recorded) and the logs.
+# DEVICE_SETS="0" or "0,1" runs one of the two (a campaign longer than a device call: each in a call of its own).
 set -uo pipefail
 out=$1 shapes=${2:-examples/small_batch.yaml} trials=${3:-3}
 mkdir -p "$out"
 day=$(date +%F)
 gpu=$(python -c "import torch; print(torch.cuda.get_device_name())")
-for devices in 0 0,1; do
+for devices in ${DEVICE_SETS:-0 0,1}; do
     tag=${devices/,/_}
     db=/tmp/multi_gpu_$tag.db
     rm -f "$db"
