@@ -20,8 +20,9 @@ from autoflash.db.store import SchemaMismatch, Store
 from autoflash.gpu import INTERPRETER
 from autoflash.families.tl.knobs import FwdKnobs
 from autoflash.problem import Problem
+from autoflash.tune import tuner
 from autoflash.tune.runner import Runner
-from autoflash.tune.tuner import tune_problem
+from autoflash.tune.tuner import searched_space, tune_problem
 
 TINY = Problem(batch=1, heads_q=2, heads_kv=1, seqlen_q=40, seqlen_k=33, head_dim=32, causal=True, dtype="float16")
 
@@ -149,3 +150,20 @@ def test_a_knob_added_since_the_winner_was_timed_is_tried_on_it():
     assert guess == replace(BwdKnobs.from_dict(winner), dv_late=True, dq_turns=default.dq_turns)
     assert upgraded_best({default.to_json(): Outcome("ok", median_ms=1.0)}, default) == []
     assert upgraded_best({}, default) == [] and upgraded_best(done, None) == []
+
+
+def test_a_complete_study_is_reported_without_building_its_space(tmp_path, monkeypatch):
+    """A problem whose study already holds --trials searchable points (a resumed run, or a problem another tuner
+    sharing the database finished) is reported from the store; with more trials wanted it is searched again."""
+    store = Store(f"sqlite:///{tmp_path / 'done.db'}")
+    with Runner(interpret=True, trial_timeout=60) as runner:
+        first = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=3, seed=0)
+        built = []
+        monkeypatch.setattr(tuner, "searched_space",  # (the gluon family's, empty here, is built to say why)
+                            lambda family, *a: built.append(family.name == "tl") or searched_space(family, *a))
+        again = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=3, seed=0)
+        assert not any(built) and store.count_trials() == 3
+        assert (again.best, again.best_ms, again.trials, again.failures) == (first.best, first.best_ms, 3,
+                                                                               first.failures)
+        more = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=4, seed=0)
+    assert sum(built) == 1 and store.count_trials() == 4 and more.trials == 4

@@ -113,6 +113,19 @@ def searched_space(family: KernelFamily, problem: Problem, gpu: Gpu, direction: 
     return runs, restricted_space(knobs_class.search_space(), runs)
 
 
+def _searchable(family: KernelFamily, direction: str, knobs: str, problem: Problem, gpu: Gpu) -> bool:
+    """Whether a finished trial's knobs (JSON) are a point `searched_space` would search now (then the study
+    counts it toward n_trials, whatever else it holds). Checked per trial: building the space checks every
+    point of the family's (~30k, ~1 s)."""
+    knobs_class = family.knobs[direction]
+    try:
+        point = knobs_class.from_json(knobs)
+    except (TypeError, ValueError):  # knobs this version does not know
+        return False
+    return (all(getattr(point, name) in choices for name, choices in knobs_class.search_space().items())
+            and not family.violations(point, problem, gpu) and not family.not_worth_timing(point, problem, gpu))
+
+
 # The knobs of a "no_valid_variant" row: it records the problem, not a variant.
 NO_VARIANT = "{}"
 CLAIM_POLL_S = 0.5  # how often a tuner looks for the results of variants another tuner is timing
@@ -172,6 +185,8 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     fingerprint = codegen.template_fingerprint(family.name, direction, problem.gates())
     done = store.finished(gpu.family, problem, fingerprint, direction)
     done.pop(NO_VARIANT, None)
+    if n_trials and sum(_searchable(family, direction, knobs, problem, gpu) for knobs in done) >= n_trials:
+        return done, None  # the study is complete (an earlier run's, or another tuner's): no space to build
 
     def record(knobs, outcome):  # committed one by one: an interrupt loses no finished trial
         store.record_trial(gpu, problem, knobs.to_json(), fingerprint, outcome.status, outcome.median_ms,
