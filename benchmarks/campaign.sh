@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 18's coverage campaign (examples/campaign/: prefill and cross-attention both ways, decode forward) on this
+# machine's GPU family, for a bounded wall time, so that it runs across device calls and sessions:
+#   . .device/setup.sh && bash benchmarks/campaign.sh $OUT [seconds, default 540] [trials, default 4]
+# Each call resumes where the last one stopped (the tuner never times a variant twice): it tunes into a copy of
+# tuning_db/<family>.db, is interrupted (SIGINT: finished trials are kept) when the seconds are spent, merges the
+# current records into tuning_db/<family>.db and leaves that file in $OUT, to be copied over the checkout's
+# before the next call. Every visible GPU tunes (--devices' default). Prints what is tuned of each file.
+set -uo pipefail
+out=$1 seconds=${2:-540} trials=${3:-4}
+mkdir -p "$out"
+family=$(python -c "from autoflash.gpu import current; print(current().family)")
+db=tuning_db/$family.db work=/tmp/campaign_$family.db
+rm -f "$work" && { [ -f "$db" ] && cp "$db" "$work" || true; }
+end=$(( $(date +%s) + seconds ))
+for entry in prefill:both cross:both decode:fwd; do
+    file=examples/campaign/${entry%%:*}.yaml mode=${entry##*:}
+    left=$(( end - $(date +%s) ))
+    [ $left -le 10 ] && { echo "$file: not reached (time spent)"; continue; }
+    timeout -s INT -k 60 $left python -m autoflash tune --gpu "$family" --mode "$mode" --shapes "$file" \
+        --trials "$trials" --db "$work" >> "$out/campaign_$family.log" 2>> "$out/campaign_$family.stderr"
+    echo "$file ($mode): rc $?"
+done
+python -m autoflash merge --into "$db" "$work" --current-only --standalone
+cp "$db" "$out/"
+python - "$family" "$db" <<'EOF'
+import sys
+from autoflash import codegen
+from autoflash.db.store import Store
+from autoflash.shapes import load_problems
+family, db = sys.argv[1:]
+store = Store(db, readonly=True)
+for name, directions in (("prefill", ("fwd", "bwd")), ("cross", ("fwd", "bwd")), ("decode", ("fwd",))):
+    problems = load_problems(f"examples/campaign/{name}.yaml")
+    for direction in directions:
+        tuned = sum(any(store.finished(family, problem, fingerprint, direction)
+                        for fingerprint in codegen.current_fingerprints(direction, problem.gates()).values())
+                    for problem in problems)
+        print(f"{name} {direction}: {tuned} of {len(problems)} problems tuned on {family} (current templates)")
+EOF
