@@ -50,6 +50,9 @@
 #       benched; with PATCH=benchmarks/results/paged_rows/paged-rows.patch on a copy with it (NOTES K7)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh decode-gap $OUT  # decode's time outside its kernels (69)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
+# Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
+# on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
+#   . .device/setup.sh && bash benchmarks/campaign.sh $OUT 540 4
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
