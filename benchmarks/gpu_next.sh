@@ -49,6 +49,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh paged-retune $OUT  # KV-cache decode searched again (NOTES 67),
 #       benched; with PATCH=benchmarks/results/paged_rows/paged-rows.patch on a copy with it (NOTES K7)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh decode-gap $OUT  # decode's time outside its kernels (69)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh skip-idle $OUT  # G15: idle consumers' blocks released unread
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
 # on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
@@ -298,6 +299,20 @@ tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then th
         > "$out/${day}_h100_gluon_tile_overlap.log" 2>&1
     echo "tile-overlap bench rc $?"; cat "$out/${day}_h100_gluon_tile_overlap.log"
     python benchmarks/knob_ratio.py "$rows" tile_overlap
+    ;;
+skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): on a copy of this tree with the patch and
+           # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice
+    root=$(pwd); . benchmarks/patched_tree.sh
+    copy_tree /tmp/skip_idle "$root/benchmarks/results/skip_idle/skip-idle.patch" || { echo "PATCH FAILED"; exit 1; }
+    python benchmarks/rekey_records.py "$root" /tmp/skip_idle /tmp/skip_idle/tuning_db/h100.db
+    cd /tmp/skip_idle && export PYTHONPATH="/tmp/skip_idle:$PYTHONPATH"
+    limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py tests/test_gpu_varlen.py \
+        -k "idle" > "$out/${day}_h100_gpu_tests_skip_idle.log" 2>&1
+    echo "skip-idle gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_skip_idle.log" | tail
+    for run in 1 2; do
+        limit 200 python benchmarks/varlen.py --knobs '[{}, {"family": "gluon", "skip_idle": true}]' \
+            --out "$out/${day}_h100_varlen_skip_idle.jsonl" 2>&1 | grep -v -i warn
+    done
     ;;
 one-loop)  # NOTES G10 (branch one-loop, its patch under results/one_loop): on a copy of this tree with the patch and
           # its database re-keyed, the knob's GPU tests, then beside the Gluon default on the fp16 grid's short cells
