@@ -72,6 +72,18 @@ limit() {  # timeout [-s SIG] SECONDS CMD...; then reap what it left behind
     [ $rc -ge 124 ] && reap
     return $rc
 }
+patched_copy() {  # patched_copy NAME PATCH: continue in /tmp/NAME, a copy of this tree with PATCH applied and its
+                  # database re-keyed to the patched templates (a knob whose off position renders the old source)
+    local root; root=$(pwd); . benchmarks/patched_tree.sh
+    copy_tree "/tmp/$1" "$root/$2" || { echo "PATCH FAILED: $2"; exit 1; }
+    python benchmarks/rekey_records.py "$root" "/tmp/$1" "/tmp/$1/tuning_db/h100.db"
+    cd "/tmp/$1" && export PYTHONPATH="/tmp/$1:$PYTHONPATH"
+}
+knob_tests() {  # knob_tests NAME KEYWORDS: the Gluon forward's and the packed forward's GPU tests that -k KEYWORDS selects
+    limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py tests/test_gpu_varlen.py \
+        -k "$2" > "$out/${day}_h100_gpu_tests_$1.log" 2>&1
+    echo "$1 gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_$1.log" | tail
+}
 bwd_knob() {  # bwd_knob KNOB BENCH: the Gluon backward's GPU tests that turn KNOB on, then KNOB beside the default
                # on benchmarks/gluon_bwd.py's BENCH cells: per-cell ratios and their geomean
     local knob=$1 bench=$2 rows="$out/${day}_h100_gluon_bwd_$1.jsonl" tests
@@ -302,13 +314,8 @@ tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then th
     ;;
 skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): on a copy of this tree with the patch and
            # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice
-    root=$(pwd); . benchmarks/patched_tree.sh
-    copy_tree /tmp/skip_idle "$root/benchmarks/results/skip_idle/skip-idle.patch" || { echo "PATCH FAILED"; exit 1; }
-    python benchmarks/rekey_records.py "$root" /tmp/skip_idle /tmp/skip_idle/tuning_db/h100.db
-    cd /tmp/skip_idle && export PYTHONPATH="/tmp/skip_idle:$PYTHONPATH"
-    limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py tests/test_gpu_varlen.py \
-        -k "idle" > "$out/${day}_h100_gpu_tests_skip_idle.log" 2>&1
-    echo "skip-idle gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_skip_idle.log" | tail
+    patched_copy skip_idle benchmarks/results/skip_idle/skip-idle.patch
+    knob_tests skip_idle "idle"
     for run in 1 2; do
         limit 200 python benchmarks/varlen.py --knobs '[{}, {"family": "gluon", "skip_idle": true}]' \
             --out "$out/${day}_h100_varlen_skip_idle.jsonl" 2>&1 | grep -v -i warn
@@ -317,13 +324,8 @@ skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): o
 one-loop)  # NOTES G10 (branch one-loop, its patch under results/one_loop): on a copy of this tree with the patch and
           # its database re-keyed, the knob's GPU tests, then beside the Gluon default on the fp16 grid's short cells
           # (twice: the causal 512-2k cells are what it is for), rows per problem
-    root=$(pwd); . benchmarks/patched_tree.sh
-    copy_tree /tmp/one_loop "$root/benchmarks/results/one_loop/one-loop.patch" || { echo "PATCH FAILED"; exit 1; }
-    python benchmarks/rekey_records.py "$root" /tmp/one_loop /tmp/one_loop/tuning_db/h100.db
-    cd /tmp/one_loop && export PYTHONPATH="/tmp/one_loop:$PYTHONPATH"
-    limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py tests/test_gpu_varlen.py \
-        -k "one_loop or one loop" > "$out/${day}_h100_gpu_tests_one_loop.log" 2>&1
-    echo "one-loop gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_one_loop.log" | tail
+    patched_copy one_loop benchmarks/results/one_loop/one-loop.patch
+    knob_tests one_loop "one_loop or one loop"
     rows="$out/${day}_h100_gluon_one_loop.jsonl"
     limit -s INT 300 python benchmarks/gluon_fwd.py --bench short --repeat 2 --out "$rows" \
         --variants '["default", {"default": true, "one_loop": true}]' > "$out/${day}_h100_gluon_one_loop.log" 2>&1
