@@ -105,7 +105,7 @@ def searched_space(family: KernelFamily, problem: Problem, gpu: Gpu, direction: 
         return not family.violations(knobs_class(**point), problem, gpu)
 
     def worth_timing(point) -> bool:
-        return runs(point) and not family.not_worth_timing(knobs_class(**point), problem, gpu)
+        return _worth_timing(family, knobs_class(**point), problem, gpu)
 
     space = restricted_space(knobs_class.search_space(), worth_timing)
     if all(space.values()):
@@ -123,7 +123,12 @@ def _searchable(family: KernelFamily, direction: str, knobs: str, problem: Probl
     except (TypeError, ValueError):  # knobs this version does not know
         return False
     return (all(getattr(point, name) in choices for name, choices in knobs_class.search_space().items())
-            and not family.violations(point, problem, gpu) and not family.not_worth_timing(point, problem, gpu))
+            and _worth_timing(family, point, problem, gpu))
+
+
+def _worth_timing(family: KernelFamily, knobs: Knobs, problem: Problem, gpu: Gpu) -> bool:
+    """The variant runs the problem and is worth timing: what the tuner searches where any variant is."""
+    return not family.violations(knobs, problem, gpu) and not family.not_worth_timing(knobs, problem, gpu)
 
 
 # The knobs of a "no_valid_variant" row: it records the problem, not a variant.
