@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import optuna
 import pytest
 from click.testing import CliRunner
 
@@ -22,6 +23,7 @@ from autoflash.families.tl.knobs import FwdKnobs
 from autoflash.problem import Problem
 from autoflash.tune import tuner
 from autoflash.tune.runner import Runner
+from autoflash.tune.search import search
 from autoflash.tune.tuner import searched_space, tune_problem
 
 TINY = Problem(batch=1, heads_q=2, heads_kv=1, seqlen_q=40, seqlen_k=33, head_dim=32, causal=True, dtype="float16")
@@ -167,3 +169,31 @@ def test_a_complete_study_is_reported_without_building_its_space(tmp_path, monke
                                                                                first.failures)
         more = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=4, seed=0)
     assert sum(built) == 1 and store.count_trials() == 4 and more.trials == 4
+
+
+def test_a_trial_another_process_finished_first_is_left_as_told(tmp_path):
+    """On SQLite two tuners sharing a database can pop the same warm-start trial (no row lock): both evaluate it,
+    the first tells it, and the second must not die telling it again (the campaign's gpu 2 did: session 23)."""
+    storage, name = f"sqlite:///{tmp_path / 'race.db'}", "race"
+    space, told_first, reported = {"x": [1, 2, 3, 4]}, [], []
+
+    def evaluate(points):  # the other process finishes every trial this one holds, with its own cost, first
+        other = optuna.load_study(study_name=name, storage=storage)
+        for trial in other.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            other.tell(trial.number, 100.0)
+            told_first.append(trial.number)
+        return [float(point["x"]) for point in points]
+
+    study = search(space, evaluate, study_name=name, storage=storage, sampler="random", seed=0, n_trials=2,
+                   warm_start=[{"x": 3}], on_trial=lambda point, value: reported.append((point["x"], value)))
+    assert told_first and reported[0] == (3, 3.0) and len(reported) == 2
+    trials = study.get_trials(deepcopy=False)
+    assert all(t.state.is_finished() for t in trials) and {t.value for t in trials} == {100.0}
+
+
+def test_report_tells_a_problem_that_failed_from_one_other_tuners_hold():
+    from autoflash.cli.tune import format_reports
+    failed = tuner.Report(TINY, "fwd", None, None, None, trials=3, failures=3, wall_s=1.0)
+    held = tuner.Report(TINY, "fwd", None, None, None, trials=0, failures=0, wall_s=1.0)
+    header, failed_line, held_line = format_reports([failed, held]).splitlines()
+    assert failed_line.endswith("(no variant passed)") and held_line.endswith("other tuners hold its trials)")

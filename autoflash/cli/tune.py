@@ -205,6 +205,6 @@ def format_reports(reports) -> str:
         ms = f"{r.best_ms:9.4f} {r.tflops:8.1f} {tbps}" if r.best_ms else f"{'-':>9} {'-':>8} {'-':>7}"
         speedup = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7}"
         best = r.best.to_json() if r.best else f"no valid variant: {r.no_valid_variant}" if r.no_valid_variant \
-            else "(no variant passed)"
+            else "(no variant passed)" if r.trials else "(no trial finished here: other tuners hold its trials)"
         lines.append(f"{r.problem.label():<36} {r.direction:<3} {r.trials:>6} {r.failures:>6} {ms} {speedup} {r.wall_s:7.1f}  {best}")
     return "\n".join(lines)

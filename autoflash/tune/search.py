@@ -79,7 +79,7 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
         for (trial, point), value in zip(batch, costs):
             if value is NOT_RUN:
                 if trial is not None:
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    _finish(study, trial, state=optuna.trial.TrialState.FAIL)
                 continue
             values[_key(point)] = value
             if trial is None:
@@ -91,7 +91,7 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
             if key in values:
                 _tell(study, trial, values[key])
             else:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                _finish(study, trial, state=optuna.trial.TrialState.FAIL)
         if any(value is NOT_RUN for value in costs):
             break
     return study
@@ -104,11 +104,23 @@ def restricted_space(space: dict[str, Sequence], is_valid: Callable[[Point], boo
 
 
 def _tell(study, trial, value):
-    trial.set_user_attr("evaluated", True)
-    if value is None:  # failed: TPE learns to avoid it, like an invalid point
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    """Tell an evaluated point's cost (None: failed, so TPE learns to avoid it, like an invalid point)."""
+    if value is None:
+        _finish(study, trial, state=optuna.trial.TrialState.PRUNED, evaluated=True)
     else:
-        study.tell(trial, value)
+        _finish(study, trial, value=value, evaluated=True)
+
+
+def _finish(study, trial, *, value: float | None = None, state=None, evaluated: bool = False):
+    """Finish a trial; if another process finished it first, leave it as that process told it. On SQLite two
+    processes can pop the same enqueued (warm-start) trial, as SQLite has no row lock for Optuna's
+    SELECT ... FOR UPDATE: both evaluate the same point, the first tells it, the second's tell would raise."""
+    try:
+        if evaluated:
+            trial.set_user_attr("evaluated", True)
+        study.tell(trial, value, state=state)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
 
 
 def _ordinal(choices) -> bool:
@@ -158,7 +170,7 @@ def _ask_batch(study, space, is_valid, values, size: int, max_asks: int = 200):
         point = _decode(trial.params, space)
         key = _key(point)
         if not is_valid(point):
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            _finish(study, trial, state=optuna.trial.TrialState.PRUNED)
         elif key in values:
             _tell(study, trial, values[key])
         elif key in keys:
