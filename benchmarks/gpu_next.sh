@@ -16,6 +16,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-knobs $OUT  # tl backward points without spills (NOTES 54)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-tma $OUT # packed sequences through descriptors (NOTES 55)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh holdout $OUT    # the fallback on 24 held-out problems, from a
+#                                                                       fresh wheel (18; carry dist, built here first)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
 #                                                                       (after a Gluon backward template change: NOTES G-bwd8, G-bwd17)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gluon-variants $OUT  # window, softcap,
@@ -188,6 +190,18 @@ varlen-tma)  # packed sequences through device descriptors per sequence (NOTES 5
     python benchmarks/varlen.py --out "$out/${day}_h100_varlen_tma.jsonl" --knobs '[{}, {"num_warps": 8},
         {"loads": "tma", "num_warps": 8}, {"loads": "tma", "num_warps": 8, "num_stages": 3},
         {"loads": "tma", "block_n": 128, "num_warps": 8}]' 2>&1 | grep -v Warn
+    ;;
+holdout)  # issue 18: dispatch's fallback on examples/holdout.yaml (no database holds them), from a fresh wheel install
+          # with no user database. Build the wheel here first: pip wheel --no-deps -w dist . ; carry dist and .device
+    site=/tmp/holdout_site run=/tmp/holdout_run
+    rm -rf "$site" "$run" && mkdir -p "$run/home" && cp examples/holdout.yaml "$run/"
+    python -m pip install -q --no-deps --no-index --target "$site" dist/autoflash-*.whl || exit 1
+    family=$(python -c "from autoflash.gpu import current; print(current().family)")
+    (cd "$run" && unset AUTOFLASH_DB && export HOME="$run/home" PYTHONPATH="$site:/tmp/site" &&
+        python -c "import autoflash; print('autoflash from', autoflash.__file__)" &&
+        limit 560 python -m autoflash bench --shapes holdout.yaml --mode both --rounds 3 \
+        --out "$out/${day}_${family}_holdout_wheel.jsonl") > "$out/${day}_${family}_holdout_wheel.log" 2>&1
+    echo "holdout rc $?"; grep -v Warn "$out/${day}_${family}_holdout_wheel.log" | tail -n 60
     ;;
 on-miss)  # issue 18: tune on first use, three problems nobody tuned (first call's time, speed before and after)
     limit -s INT 560 python benchmarks/on_miss.py --budget-s "${BUDGET_S:-45}" --out "$out/${day}_h100_on_miss.jsonl" \

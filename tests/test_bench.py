@@ -44,3 +44,16 @@ def test_a_backend_that_refuses_is_an_error_row_tried_once(monkeypatch, directio
     for name in bench.SDPA_BACKENDS:
         assert "SDPA has no WINDOW" in rows[name]["error"] and "ms" not in rows[name]
     assert len(calls) == 3 + (len(bench.SDPA_BACKENDS) if direction == "fwd" else 0)
+
+
+def test_summary_gives_the_geomean_and_the_lowest_ratio_per_backend():
+    from autoflash.cli.bench import summary
+
+    def rows(autoflash, sdpa, cudnn):
+        return [{"backend": "autoflash", "tflops": autoflash}, {"backend": "sdpa", "tflops": sdpa},
+                {"backend": "sdpa_cudnn", "tflops": cudnn}, {"backend": "sdpa_flash", "error": "refused"}]
+    other = Problem(2, 4, 4, 64, 64, 64, False, "float16")
+    text = summary([(TINY, rows(200.0, 100.0, 400.0)), (other, rows(50.0, 100.0, None))], "fwd")
+    plain, cudnn = text.splitlines()  # (no line for a backend that ran none)
+    assert plain == f"fwd vs sdpa: geomean 1.000x over 2, lowest 0.50x ({other.label()})"
+    assert cudnn == f"fwd vs sdpa_cudnn: geomean 0.500x over 1, lowest 0.50x ({TINY.label()})"

@@ -36,6 +36,19 @@ def test_every_example_file_loads(path):
     assert load_problems(path)
 
 
+def test_held_out_problems_are_tuned_in_no_shipped_database():
+    """examples/holdout.yaml measures dispatch's fallback (issue 18): a record of one of its problems in a shipped
+    database would measure the tuner instead."""
+    import sqlite3
+    held_out = load_problems(EXAMPLES / "holdout.yaml")
+    assert len(held_out) >= 20
+    for db in sorted((EXAMPLES.parent / "tuning_db").glob("*.db")):
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            tuned = {Problem(*row[:6], bool(row[6]), row[7]) for row in connection.execute(
+                "SELECT batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, dtype FROM autoflash_problems")}
+        assert tuned and not tuned & set(held_out), (db.name, sorted(p.label() for p in tuned & set(held_out)))
+
+
 @pytest.mark.parametrize("text, message", [
     ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8}\n", r"problems\[0\]: missing field\(s\) \['head_dim'\]"),
     ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64}\n  - {batch: 0, heads_q: 2, seqlen_q: 8, "

@@ -2,6 +2,7 @@
 
 import datetime
 import json
+import math
 import os
 import platform
 import sys
@@ -14,6 +15,23 @@ from autoflash.cli.common import mode_option, problems_of, require_extra
 def row_json(row: dict, problem, context: dict) -> str:
     """One JSON line of `--out`: the row, its problem's fields (sets as sorted lists) and the run's context."""
     return json.dumps(dict(row, problem=problem.__dict__, **context), default=sorted)
+
+
+def summary(results, direction: str) -> str:
+    """autoflash's speed over each SDPA backend's: the geomean over the problems both ran, and the lowest."""
+    parts = []
+    for backend in ("sdpa", "sdpa_cudnn", "sdpa_flash"):
+        ratios = []
+        for problem, rows in results:
+            speeds = {r["backend"]: r.get("tflops") for r in rows}
+            if speeds.get("autoflash") and speeds.get(backend):
+                ratios.append((speeds["autoflash"] / speeds[backend], problem.label()))
+        if ratios:
+            low = min(ratios)
+            geomean = math.exp(sum(math.log(r) for r, _ in ratios) / len(ratios))
+            parts.append(f"{direction} vs {backend}: geomean {geomean:.3f}x over {len(ratios)}, "
+                         f"lowest {low[0]:.2f}x ({low[1]})")
+    return "\n".join(parts)
 
 
 @click.command()
@@ -63,6 +81,7 @@ def bench(shapes_file, plot_path, out_path, rounds, graph, mode):
             if out_path:
                 with open(out_path, "a") as f:
                     f.writelines(row_json(row, problem, context) + "\n" for row in rows)
+        click.echo(summary(results, direction))
         if plot_path:
             path = plot_path if mode != "both" else plot_path.replace(".png", f"_{direction}.png")
             plot(results, path, direction)
