@@ -5,7 +5,8 @@
 # Each call resumes where the last one stopped (the tuner never times a variant twice): it tunes into a copy of
 # tuning_db/<family>.db, is interrupted (SIGINT: finished trials are kept) when the seconds are spent, merges the
 # current records into tuning_db/<family>.db and leaves that file in $OUT, to be copied over the checkout's
-# before the next call. Every visible GPU tunes (--devices' default). Prints what is tuned of each file.
+# before the next call. Every visible GPU tunes (--devices' default). Prints what is tuned of each file and how fast
+# (benchmarks/campaign_summary.py).
 set -uo pipefail
 out=$1 seconds=${2:-540} trials=${3:-4}
 mkdir -p "$out"
@@ -23,18 +24,5 @@ for entry in prefill:both cross:both decode:fwd; do
 done
 python -m autoflash merge --into "$db" "$work" --current-only --standalone
 cp "$db" "$out/"
-python - "$family" "$db" <<'EOF'
-import sys
-from autoflash import codegen
-from autoflash.db.store import Store
-from autoflash.shapes import load_problems
-family, db = sys.argv[1:]
-store = Store(db, readonly=True)
-for name, directions in (("prefill", ("fwd", "bwd")), ("cross", ("fwd", "bwd")), ("decode", ("fwd",))):
-    problems = load_problems(f"examples/campaign/{name}.yaml")
-    for direction in directions:
-        tuned = sum(any(store.finished(family, problem, fingerprint, direction)
-                        for fingerprint in codegen.current_fingerprints(direction, problem.gates()).values())
-                    for problem in problems)
-        print(f"{name} {direction}: {tuned} of {len(problems)} problems tuned on {family} (current templates)")
-EOF
+python benchmarks/campaign_summary.py "$db" "$family" examples/campaign/prefill.yaml examples/campaign/cross.yaml \
+    examples/campaign/decode.yaml:fwd --out "$out/campaign_summary_$family.jsonl"
