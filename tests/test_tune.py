@@ -197,3 +197,12 @@ def test_report_tells_a_problem_that_failed_from_one_other_tuners_hold():
     held = tuner.Report(TINY, "fwd", None, None, None, trials=0, failures=0, wall_s=1.0)
     header, failed_line, held_line = format_reports([failed, held]).splitlines()
     assert failed_line.endswith("(no variant passed)") and held_line.endswith("other tuners hold its trials)")
+
+
+def test_a_worker_that_dies_starting_is_a_clear_error():
+    from autoflash.tune import runner
+    worker = runner._Worker("compile", (runner.DEFAULT_LOADER, True))
+    worker.process.kill()  # (before it could import torch and say it is ready)
+    with pytest.raises(RuntimeError, match=r"a compile worker failed to start \(exit code -9\)"):
+        worker.wait_ready()
+    worker.close()

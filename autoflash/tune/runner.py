@@ -130,8 +130,15 @@ class _Worker:
     def wait_ready(self):
         if self.ready:
             return
-        if not self.conn.poll(_STARTUP_TIMEOUT) or self.conn.recv() != "ready":
-            raise RuntimeError(f"a {self.role} worker failed to start")
+        try:
+            ready = self.conn.poll(_STARTUP_TIMEOUT) and self.conn.recv() == "ready"
+        except (EOFError, OSError):  # it died starting: its last words say why
+            ready = False
+        if not ready:
+            self.process.join(5)
+            words = self.last_words()
+            raise RuntimeError(f"a {self.role} worker failed to start (exit code {self.process.exitcode})"
+                               + (f": {words}" if words else ""))
         self.ready = True
 
     def send(self, request, timeout: float):
