@@ -206,3 +206,23 @@ def test_a_worker_that_dies_starting_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"a compile worker failed to start \(exit code -9\)"):
         worker.wait_ready()
     worker.close()
+
+
+def test_families_limits_the_search_to_the_families_named(tmp_path):
+    """--families gluon under the interpreter: the one family named cannot run here, so the problem is recorded as
+    having no valid variant of it, and no `tl` variant is timed."""
+    store = Store(f"sqlite:///{tmp_path / 'only.db'}")
+    with Runner(interpret=True, trial_timeout=60) as runner:
+        report = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=2,
+                              seed=0, family_names=["gluon"])
+    assert report.best is None and report.no_valid_variant.startswith("gluon: ") and store.count_trials() == 1
+
+
+@pytest.mark.parametrize("names, mode, words", [("foo", "fwd", "foo: the tuner searches gluon, tl"),
+                                                (",", "fwd", "',': the tuner searches"),
+                                                ("fa1", "bwd", "fa1: the tuner searches gluon, tl")])
+def test_families_refuses_names_the_tuner_does_not_search(tmp_path, names, mode, words):
+    result = CliRunner().invoke(main, ["tune", "--interpret", "--shapes", shapes_file(tmp_path, "  - {batch: 1, "
+                                       "heads_q: 2, seqlen_q: 40, head_dim: 32}\n"), "--families", names,
+                                       "--mode", mode, "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert result.exit_code == 2 and words in result.output, result.output

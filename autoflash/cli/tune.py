@@ -30,18 +30,26 @@ from autoflash.tune import SAMPLERS
               help="run on the CPU in Triton's interpreter; results filed under GPU 'interpreter' (timings meaningless)")
 @click.option("--devices", help="GPUs to tune on, one tuner process each, sharing the database: indices such as "
                                 "0,1,3 [default: every visible GPU]; with --interpret, that many CPU tuners")
+@click.option("--families", "family_names",
+              help="kernel families to search, comma-separated, e.g. gluon [default: every family the tuner "
+                   "searches: tl, gluon]")
 @click.option("--begin-at", default="0/1", hidden=True,
               help="i/N: start at the i-th of N equal parts of the problems and go round (set by --devices)")
 def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret,
-         devices, begin_at):
+         devices, family_names, begin_at):
     """Tune the kernels of every problem in SHAPES (forward, backward or both) and record every trial."""
     require_extra("tune", "optuna", "sqlalchemy")
+    from autoflash.families import DIRECTIONS
+
+    directions = DIRECTIONS if mode == "both" else (mode,)
+    searched = family_list(family_names, directions)
     chosen = device_list(devices, interpret)
     # One tuner process per device; one device given that this process does not run on alone is one such process
     # too (its compile and timing workers inherit CUDA_VISIBLE_DEVICES).
     if len(chosen) > 1 or (devices and not interpret and os.environ.get("CUDA_VISIBLE_DEVICES") != chosen[0]):
         options = dict(shapes=shapes_file, gpu=gpu_name, trials=trials, time_budget=time_budget, mode=mode,
                        db=db_url, sampler=sampler, seed=seed, trial_timeout=trial_timeout, interpret=interpret,
+                       families=family_names,
                        workers=workers if workers is not None else max(1, ((os.cpu_count() or 2) - 1) // len(chosen)))
         sys.exit(fan_out(chosen, options))
     if interpret:
@@ -51,7 +59,6 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     from autoflash import gpu as gpus
     from autoflash.db.base import StoreError
     from autoflash.tune.runner import Runner
-    from autoflash.families import DIRECTIONS
     from autoflash.tune.tuner import tune_problem
 
     problems, here = begin_at_part(problems_of(shapes_file), begin_at), gpus.current()
@@ -65,7 +72,6 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         raise click.ClickException(f"{len(bf16)} bfloat16 problem(s) ({bf16[0]}, ...) cannot be tuned in Triton's "
                                    "interpreter, whose tl.dot on bfloat16 is wrong (every trial would be "
                                    "wrong_result): tune them on a GPU, or tune float16 here")
-    directions = DIRECTIONS if mode == "both" else (mode,)
     check_memory(problems, directions, *memory_of(here))
     store = open_store(db_url)
     click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
@@ -81,7 +87,8 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
                     with click.progressbar(length=min(target, 10 ** 4), label=label, file=sys.stderr) as bar:
                         reports.append(tune_problem(problem, gpu=here, store=store, runner=runner, direction=direction,
                                                     sampler=sampler, n_trials=target, time_budget=time_budget,
-                                                    seed=seed, on_trial=lambda knobs, ms: bar.update(1)))
+                                                    seed=seed, on_trial=lambda knobs, ms: bar.update(1),
+                                                    family_names=searched[direction]))
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: every finished trial is saved in {store.url}; run the same command to resume",
                    err=True)
@@ -92,6 +99,28 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     finally:
         if reports:
             click.echo(format_reports(reports))
+
+
+def family_list(names: str | None, directions) -> dict:
+    """Direction -> the kernel families to search: those --families names that the tuner searches for it (every one
+    without --families). A name no searched family has, or one leaving a direction without a family, is refused."""
+    from autoflash import families
+
+    searched = {d: [f.name for f in families.searched(d)] for d in directions}
+    if names is None:
+        return searched
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = sorted({name for names in searched.values() for name in names})
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise click.BadParameter(f"{', '.join(unknown) or repr(names)}: the tuner searches {', '.join(known)}",
+                                 param_hint="--families")
+    chosen = {d: [n for n in names if n in wanted] for d, names in searched.items()}
+    for direction, names in chosen.items():
+        if not names:
+            raise click.BadParameter(f"no family of {', '.join(wanted)} has {direction} kernels; the tuner searches "
+                                     f"{', '.join(searched[direction])} for them", param_hint="--families")
+    return chosen
 
 
 def device_list(devices: str | None, interpret: bool) -> list[str]:
@@ -126,7 +155,8 @@ def fan_out(devices: list[str], options: dict) -> int:
     the others running (they take its claimed variants over, and finish its problems as they go round). The exit
     status: 0 when every tuner succeeded, else the first failure's."""
     args = [options["shapes"]]
-    for name in ("gpu", "trials", "time_budget", "mode", "db", "sampler", "seed", "trial_timeout", "workers"):
+    for name in ("gpu", "trials", "time_budget", "mode", "db", "sampler", "seed", "trial_timeout", "workers",
+                 "families"):
         if options[name] is not None:
             args += [f"--{name.replace('_', '-')}", str(options[name])]
     args += ["--interpret"] if options["interpret"] else []

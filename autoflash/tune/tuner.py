@@ -138,21 +138,24 @@ CLAIM_POLL_S = 0.5  # how often a tuner looks for the results of variants anothe
 
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, direction: str = "fwd",
                  sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None, seed: int | None = None,
-                 on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None) -> Report:
-    """Search `direction` variants of every searched kernel family for `problem` (`n_trials` per family) and
-    record every trial. Trials already in the store count toward `n_trials` (a second run resumes) and are
-    never timed again. A family with no variant that can run the problem is recorded as such."""
+                 on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None,
+                 family_names: list[str] | None = None) -> Report:
+    """Search `direction` variants of each of `family_names` (default: every family the tuner searches) for
+    `problem` (`n_trials` per family) and record every trial. Trials already in the store count toward `n_trials`
+    (a second run resumes) and are never timed again. A family with no variant that can run the problem is recorded
+    as such."""
     started = time.monotonic()
     sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     done, empty = {}, {}
-    for family in families.searched(direction):
+    searched = [f for f in families.searched(direction) if family_names is None or f.name in family_names]
+    for family in searched:
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
                                     sampler=sampler, n_trials=n_trials, time_budget=time_budget, seed=seed,
                                     on_trial=on_trial)
         done |= found
         if why:
             empty[family.name] = why
-    if len(empty) == len(families.searched(direction)):  # no family can run it: say so in the store
+    if len(empty) == len(searched):  # no family searched can run it: say so in the store
         for family, why in empty.items():
             fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
             recorded = store.finished(gpu.family, problem, fingerprint, direction).get(NO_VARIANT)
