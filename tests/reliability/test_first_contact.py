@@ -29,12 +29,14 @@ def fresh_install(tmp_path, monkeypatch):
 
 
 def test_show_on_a_fresh_install_shows_the_shipped_database(fresh_install):
-    [shipped] = shipped_urls()  # tuning_db/h100.db
+    shipped = shipped_urls()  # tuning_db/h100.db, h200.db
+    assert [url.rsplit("/", 1)[-1] for url in shipped] == ["h100.db", "h200.db"]
     result = CliRunner().invoke(main, ["show", "--gpu", "h100"])
     assert result.exit_code == 0, result.output
-    first, header, *_ = result.output.splitlines()
+    first, header, *rest = result.output.splitlines()
     assert first.startswith("no user database yet (autoflash tune writes one at ") and str(fresh_install) in first
-    assert header.startswith(f"{shipped}: GPU family h100") and "b32 h32 s512 d64 fp16" in result.output
+    assert header.startswith(f"{shipped[0]}: GPU family h100") and "b32 h32 s512 d64 fp16" in result.output
+    assert not any(line.startswith(shipped[1]) for line in rest), "the H200's database holds no h100 trial"
     assert not fresh_install.parent.exists(), "show creates nothing"
 
 
@@ -42,7 +44,8 @@ def test_show_on_a_fresh_install_names_the_families_it_could_show(fresh_install)
     result = CliRunner().invoke(main, ["show", "--gpu", "a100"])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.output.splitlines()[-1] == ("Error: nothing tuned for GPU family 'a100' with the current templates "
-                                              "in the shipped databases; they hold trials of h100: pass --gpu h100")
+                                              "in the shipped databases; they hold trials of h100, h200: pass --gpu "
+                                              "h100")
 
 
 def test_bench_plot_without_matplotlib_names_the_extra_first(tmp_path, monkeypatch):
