@@ -328,7 +328,10 @@ tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then th
     ;;
 skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): on a copy of this tree with the patch and
            # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice
-    patched_copy skip_idle benchmarks/results/skip_idle/skip-idle.patch
+           # (skip-idle-after-g16.patch: the same on a tree with G16's head_dim_split)
+    patch=benchmarks/results/skip_idle/skip-idle.patch
+    patch -p1 -s -f --dry-run < "$patch" > /dev/null 2>&1 || patch=benchmarks/results/skip_idle/skip-idle-after-g16.patch
+    patched_copy skip_idle "$patch"
     knob_tests skip_idle "idle"
     for run in 1 2; do
         limit 200 python benchmarks/varlen.py --knobs '[{}, {"family": "gluon", "skip_idle": true}]' \
