@@ -22,7 +22,8 @@ for entry in prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd; do
     left=$(( end - $(date +%s) ))
     [ $left -le 10 ] && { echo "$file ($mode): not reached (time spent)"; continue; }
     timeout -s INT -k 60 $left python -m autoflash tune --gpu "$family" --mode "$mode" --shapes "$file" \
-        --trials "$trials" --db "$work" "${families[@]}" >> "$out/campaign_$family.log" 2>> "$out/campaign_$family.stderr"
+        --trials "$trials" --db "$work" "${families[@]}" \
+        >> "$out/campaign_$family.log" 2>> "$out/campaign_$family.stderr"
     echo "$file ($mode${families[*]:+, ${families[*]}}): rc $?"
 done
 python -m autoflash merge --into "$db" "$work" --current-only --standalone

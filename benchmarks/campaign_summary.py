@@ -40,9 +40,10 @@ def rows(db: str, gpu: str, path: str, directions=("fwd", "bwd")):
             if ms is None:
                 continue
             sdpa, = connection.execute(BASELINE, (gpu, problem.key(), baseline_name(direction))).fetchone()
+            family = families.knobs_from_json(direction, knobs).family
             yield dict(problem=problem.label(), direction=direction, ms=ms, sdpa_ms=sdpa,
-                       vs_plain_sdpa=sdpa / ms if sdpa else None, family=families.knobs_from_json(direction, knobs).family,
-                       knobs=json.loads(knobs), file=path, gpu_family=gpu)
+                       vs_plain_sdpa=sdpa / ms if sdpa else None, family=family, knobs=json.loads(knobs), file=path,
+                       gpu_family=gpu)
 
 
 def summary(found: list[dict], count: int) -> str:
@@ -58,7 +59,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("db")
     parser.add_argument("gpu")
-    parser.add_argument("files", nargs="+", help="problems files, each FILE or FILE:DIRECTION (fwd or bwd; default both)")
+    parser.add_argument("files", nargs="+",
+                        help="problems files, each FILE or FILE:DIRECTION (fwd or bwd; default both)")
     parser.add_argument("--out", help="write one JSON line per problem and direction here")
     args = parser.parse_args()
     every = []

@@ -330,7 +330,8 @@ skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): o
            # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice
            # (skip-idle-after-g16.patch: the same on a tree with G16's head_dim_split)
     patch=benchmarks/results/skip_idle/skip-idle.patch
-    patch -p1 -s -f --dry-run < "$patch" > /dev/null 2>&1 || patch=benchmarks/results/skip_idle/skip-idle-after-g16.patch
+    patch -p1 -s -f --dry-run < "$patch" > /dev/null 2>&1 ||
+        patch=benchmarks/results/skip_idle/skip-idle-after-g16.patch
     patched_copy skip_idle "$patch"
     knob_tests skip_idle "idle"
     for run in 1 2; do
