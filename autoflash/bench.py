@@ -4,6 +4,7 @@ TFLOP/s use the FlashAttention-paper count (causal = half of full for square pro
 backward counts 2.5 x the forward and is timed alone, after a forward whose graph is kept).
 """
 
+import math
 import statistics
 
 import torch
@@ -121,3 +122,11 @@ def plot(results: list[tuple[Problem, list[dict]]], path: str, direction: str = 
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def ratio_summary(ratios: list[tuple[float, str]]) -> str:
+    """(speed ratio, problem label) pairs in one line: their geomean, the lowest (naming its problem) and the median."""
+    ordered = sorted(ratios)
+    geomean = math.exp(sum(math.log(r) for r, _ in ordered) / len(ordered))
+    return (f"geomean {geomean:.3f}x over {len(ordered)}, lowest {ordered[0][0]:.2f}x ({ordered[0][1]}), "
+            f"median {ordered[len(ordered) // 2][0]:.2f}x")

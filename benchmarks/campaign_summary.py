@@ -8,12 +8,12 @@ tuner sharing a database with others prints a problem when it leaves it, perhaps
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autoflash import codegen, families  # noqa: E402
+from autoflash.bench import ratio_summary  # noqa: E402
 from autoflash.db.base import connect_readonly  # noqa: E402
 from autoflash.shapes import load_problems  # noqa: E402
 from autoflash.tune.tuner import baseline_name  # noqa: E402
@@ -47,12 +47,8 @@ def rows(db: str, gpu: str, path: str, directions=("fwd", "bwd")):
 
 
 def summary(found: list[dict], count: int) -> str:
-    ratios = sorted((r["vs_plain_sdpa"], r["problem"]) for r in found if r["vs_plain_sdpa"])
-    if not ratios:
-        return f"{len(found)} of {count} tuned"
-    geomean = math.exp(sum(math.log(r) for r, _ in ratios) / len(ratios))
-    return (f"{len(found)} of {count} tuned; vs plain SDPA geomean {geomean:.3f}x, lowest {ratios[0][0]:.2f}x "
-            f"({ratios[0][1]}), median {ratios[len(ratios) // 2][0]:.2f}x")
+    ratios = [(r["vs_plain_sdpa"], r["problem"]) for r in found if r["vs_plain_sdpa"]]
+    return f"{len(found)} of {count} tuned" + (f"; vs plain SDPA {ratio_summary(ratios)}" if ratios else "")
 
 
 def main():

@@ -75,10 +75,10 @@ limit() {  # timeout [-s SIG] SECONDS CMD...; then reap what it left behind
     return $rc
 }
 patched_copy() {  # patched_copy NAME PATCH: continue in /tmp/NAME, a copy of this tree with PATCH applied and its
-                  # database re-keyed to the patched templates (a knob whose off position renders the old source)
-    local root; root=$(pwd); . benchmarks/patched_tree.sh
+                  # databases re-keyed to the patched templates (a knob whose off position renders the old source)
+    local root db; root=$(pwd); . benchmarks/patched_tree.sh
     copy_tree "/tmp/$1" "$root/$2" || { echo "PATCH FAILED: $2"; exit 1; }
-    python benchmarks/rekey_records.py "$root" "/tmp/$1" "/tmp/$1/tuning_db/h100.db"
+    for db in "/tmp/$1"/tuning_db/*.db; do python benchmarks/rekey_records.py "$root" "/tmp/$1" "$db"; done
     cd "/tmp/$1" && export PYTHONPATH="/tmp/$1:$PYTHONPATH"
 }
 knob_tests() {  # knob_tests NAME KEYWORDS: the Gluon forward's and the packed forward's GPU tests that -k KEYWORDS selects

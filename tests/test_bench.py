@@ -55,5 +55,5 @@ def test_summary_gives_the_geomean_and_the_lowest_ratio_per_backend():
     other = Problem(2, 4, 4, 64, 64, 64, False, "float16")
     text = summary([(TINY, rows(200.0, 100.0, 400.0)), (other, rows(50.0, 100.0, None))], "fwd")
     plain, cudnn = text.splitlines()  # (no line for a backend that ran none)
-    assert plain == f"fwd vs sdpa: geomean 1.000x over 2, lowest 0.50x ({other.label()})"
-    assert cudnn == f"fwd vs sdpa_cudnn: geomean 0.500x over 1, lowest 0.50x ({TINY.label()})"
+    assert plain == f"fwd vs sdpa: geomean 1.000x over 2, lowest 0.50x ({other.label()}), median 2.00x"
+    assert cudnn == f"fwd vs sdpa_cudnn: geomean 0.500x over 1, lowest 0.50x ({TINY.label()}), median 0.50x"

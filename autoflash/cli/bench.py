@@ -2,7 +2,6 @@
 
 import datetime
 import json
-import math
 import os
 import platform
 import sys
@@ -18,7 +17,9 @@ def row_json(row: dict, problem, context: dict) -> str:
 
 
 def summary(results, direction: str) -> str:
-    """autoflash's speed over each SDPA backend's: the geomean over the problems both ran, and the lowest."""
+    """autoflash's speed over each SDPA backend's, over the problems both ran (autoflash.bench.ratio_summary)."""
+    from autoflash.bench import ratio_summary
+
     parts = []
     for backend in ("sdpa", "sdpa_cudnn", "sdpa_flash"):
         ratios = []
@@ -27,10 +28,7 @@ def summary(results, direction: str) -> str:
             if speeds.get("autoflash") and speeds.get(backend):
                 ratios.append((speeds["autoflash"] / speeds[backend], problem.label()))
         if ratios:
-            low = min(ratios)
-            geomean = math.exp(sum(math.log(r) for r, _ in ratios) / len(ratios))
-            parts.append(f"{direction} vs {backend}: geomean {geomean:.3f}x over {len(ratios)}, "
-                         f"lowest {low[0]:.2f}x ({low[1]})")
+            parts.append(f"{direction} vs {backend}: {ratio_summary(ratios)}")
     return "\n".join(parts)
 
 
