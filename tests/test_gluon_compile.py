@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from autoflash import codegen
-from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, bwd_tiles, default_knobs,
-                                            fit, for_call, shared_memory_bytes, violations)
+from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, bwd_tiles, column_tiles,
+                                            default_knobs, fit, for_call, shared_memory_bytes, violations)
 from autoflash.gpu import KNOWN
 from autoflash.launch import compile_launch
 from autoflash.problem import Problem
@@ -102,6 +102,13 @@ def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
     (FwdKnobs(tile_overlap=True, q_buffers=2, dynamic=True), _problem(), H100, "claimed from the counter"),
     (FwdKnobs(tile_overlap=True, q_buffers=2, consumers=3, consumer_regs=160, block_n=64), _problem(64), H100,
      "two consumers only"),
+    (FwdKnobs(head_dim_split=True), _problem(128), H100, "column tiles 64 + 64 are no fewer than one tile of 128"),
+    (FwdKnobs(head_dim_split=True, block_n=64, stage_o_in_q=True), _problem(256), H100, "128 + 128"),
+    (FwdKnobs(head_dim_split=True), dataclasses.replace(_problem(96), variants=frozenset({"VARLEN"})), H100,
+     "not packed sequences"),
+    (FwdKnobs(head_dim_split=True, tile_overlap=True, q_buffers=2), _problem(96), H100,
+     "head_dim_split is not rendered with tile_overlap"),
+    (FwdKnobs(head_dim_split=True, block_n=128), _problem(192), H100, "shared memory"),
 ])
 def test_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
@@ -119,6 +126,18 @@ def test_default_is_valid(head_dim, causal, dtype):
         assert knobs.persistent and knobs.dynamic == causal
         assert knobs.q_buffers == (1 if head_dim > 128 else 2)  # two Q tiles where shared memory holds them
     assert default_knobs(_problem(head_dim, dtype, causal), KNOWN["a100"]) is None
+
+
+@pytest.mark.parametrize("head_dim, tiles", [(40, (32, 16)), (80, (64, 16)), (96, (64, 32)), (160, (128, 32)),
+                                              (192, (128, 64))])
+def test_head_dim_split_fits_where_padding_does_not(head_dim, tiles):
+    """Where the split pays, its two column tiles span fewer columns than one padded tile: it runs where the padded
+    tile runs, in less shared memory."""
+    problem = _problem(head_dim, "bfloat16")
+    split, padded = FwdKnobs(head_dim_split=True, block_n=64, stage_o_in_q=True), FwdKnobs(block_n=64,
+                                                                                             stage_o_in_q=True)
+    assert column_tiles(split, problem) == tiles and violations(split, problem, H100) == []
+    assert shared_memory_bytes(split, problem) < shared_memory_bytes(padded, problem)
 
 
 def test_launcher_refuses_what_tma_cannot_read():
