@@ -311,6 +311,35 @@ def test_forward_variant_arguments_reach_the_kernel():
     assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
 
 
+@pytest.mark.parametrize("head_dim, tiles", [(160, (128, 32)), (80, (64, 16))])
+def test_head_dim_split_plan_reads_each_column_tile_by_a_descriptor_of_its_own(head_dim, tiles):
+    """The split plan's descriptors: the four tensors' first column tiles, then the same four from the first tile's
+    width on (their own columns, blocks of the second width: TMA reads past head_dim as 0), lse and the counter per
+    call; BLOCK_D2 among the options."""
+    from autoflash import codegen
+
+    q, k = torch.empty(2, 4, 100, head_dim, dtype=torch.bfloat16), torch.empty(2, 2, 90, head_dim, dtype=torch.bfloat16)
+    lse, compiled = torch.empty(2, 4, 100), []
+
+    def compile(kernel, grid, args, options, tensor_count):
+        compiled.append((kernel, args, options, tensor_count))
+        return lambda *tensors: compiled.append(tensors)
+    knobs = FwdKnobs(head_dim_split=True, persistent=False)
+    plan = codegen.load(knobs).forward_plan(q, k, k, q, lse, 0.125, False, compile=compile)
+    plan(q, k, k, q, lse)
+    (kernel, args, options, tensor_count), per_call = compiled
+    assert tensor_count == 10 and len(per_call) == 10 and per_call[8] is lse
+    assert (options["BLOCK_D"], options["BLOCK_D2"]) == tiles
+    first, second = per_call[:4], per_call[4:8]
+    for one, two, t, rows in zip(first, second, (q, k, k, q), (64, 128, 128, 64)):
+        assert one.base.data_ptr() == t.data_ptr() and list(one.shape) == list(t.shape)
+        assert two.base.data_ptr() == t.data_ptr() + tiles[0] * t.element_size()
+        assert list(two.shape) == [*t.shape[:3], head_dim - tiles[0]] and list(two.strides) == list(t.stride())
+        assert (list(one.block_shape), list(two.block_shape)) == ([1, 1, rows, tiles[0]], [1, 1, rows, tiles[1]])
+    names = kernel.arg_names
+    assert names[:9] == ["q_desc", "k_desc", "v_desc", "o_desc", "q_desc2", "k_desc2", "v_desc2", "o_desc2", "lse_ptr"]
+
+
 def test_mask_mod_arguments_and_block_table_reach_the_forward():
     """A mask_mod on the Gluon forward's plan (templates/gluon/launch_mask_mod.py on tl's table builder): the
     slopes, the mod's capture and the block table after the six tensors, the table's strides and the capture's
