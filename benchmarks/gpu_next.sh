@@ -331,12 +331,12 @@ tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then th
 head-dim-split)  # NOTES G16, with the branch head-dim-split checked out (its databases re-keyed): the Gluon forward's
                 # GPU tests (the launcher changed for every variant), then head_dim_split beside the default at the
                 # head dims it splits (twice)
-    limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py \
-        -k "head_dim_split or defaults or variants or mask_mods_on_every_knob" \
+    limit 260 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py tests/test_gpu_varlen.py \
+        -k "head_dim_split or defaults or test_variants or mask_mods_on_every_knob or gluon_varlen_forward" \
         > "$out/${day}_gpu_tests_gluon_fwd_split.log" 2>&1
     echo "gluon fwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_gpu_tests_gluon_fwd_split.log" | tail
     rows="$out/${day}_gluon_head_dim_split.jsonl"
-    limit -s INT 290 python benchmarks/gluon_fwd.py --bench head_dims --repeat 2 --out "$rows" --variants '["default",
+    limit -s INT 280 python benchmarks/gluon_fwd.py --bench head_dims --repeat 2 --out "$rows" --variants '["default",
         {"default": true, "tile_overlap": false}, {"default": true, "head_dim_split": true, "tile_overlap": false},
         {"default": true, "head_dim_split": true, "block_n": 128, "head_dims": [160]}]' \
         > "$out/${day}_gluon_head_dim_split.log" 2>&1

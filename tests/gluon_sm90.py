@@ -194,7 +194,9 @@ CASES = [({}, 128, "float16", False, True),
          (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 160, "bfloat16", True, True,
           ["WINDOW", "SOFTCAP", "ALIBI"]),
          (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 192, "bfloat16", True, True, ["MASK_MOD"],
-          "documents")]
+          "documents"),
+         (dict(head_dim_split=True, q_buffers=2, dynamic=True), 96, "bfloat16", True, True, ["VARLEN"]),
+         (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 160, "float16", False, False, ["VARLEN"])]
 
 
 def report(cases) -> list[dict]:

@@ -104,8 +104,6 @@ def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
      "two consumers only"),
     (FwdKnobs(head_dim_split=True), _problem(128), H100, "column tiles 64 + 64 are no fewer than one tile of 128"),
     (FwdKnobs(head_dim_split=True, block_n=64, stage_o_in_q=True), _problem(256), H100, "128 + 128"),
-    (FwdKnobs(head_dim_split=True), dataclasses.replace(_problem(96), variants=frozenset({"VARLEN"})), H100,
-     "not packed sequences"),
     (FwdKnobs(head_dim_split=True, tile_overlap=True, q_buffers=2), _problem(96), H100,
      "head_dim_split is not rendered with tile_overlap"),
     (FwdKnobs(head_dim_split=True, block_n=128), _problem(192), H100, "shared memory"),

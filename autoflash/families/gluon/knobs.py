@@ -226,14 +226,11 @@ def _tile_overlap_violations(knobs: FwdKnobs, problem: Problem) -> list[str]:
 
 def _head_dim_split_violations(knobs: FwdKnobs, problem: Problem) -> list[str]:
     """head_dim_split pays where its two column tiles span fewer columns than one padded tile (160: 128 + 32 < 256;
-    not 128 or 112: 64 + 64). The template splits the plain, fixed-variant and mask_mod kernels, not the packed
-    one (its O leaves by a masked store from registers) nor tile_overlap's next-tile block."""
+    not 128 or 112: 64 + 64). The template splits every kernel but tile_overlap's next-tile block."""
     why = []
     tiles, padded = column_tiles(knobs, problem), head_dim_pad(problem.head_dim)
     if sum(tiles) >= padded:
         why.append(f"head_dim_split: column tiles {' + '.join(map(str, tiles))} are no fewer than one tile of {padded}")
-    if "VARLEN" in problem.variants:
-        why.append("head_dim_split is rendered for dense problems, not packed sequences")
     if knobs.tile_overlap:
         why.append("head_dim_split is not rendered with tile_overlap")
     return why
