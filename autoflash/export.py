@@ -65,8 +65,10 @@ def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str
                problem.causal, problem.dtype, problem.window, problem.softcap, problem.alibi, problem.mask_mod,
                problem.score_mod)
         rows.append(dict(key=repr(key), variants=repr(variants)))
-    for family, direction in sorted(used):
-        shutil.copyfile(launcher_path(family, direction), out / f"launch_{family}_{direction}.py")
+    for family, direction in sorted(used):  # each direction's launcher, with those it takes from another family
+        own = launcher_path(family, direction)
+        for other, part in [(family, direction), *borrowed(own.read_text())]:
+            shutil.copyfile(launcher_path(other, part), out / f"launch_{other}_{part}.py")
     for family in fixed:  # the fixed variants' plans, on top of the family's (package.py.jinja sets their `base`)
         shutil.copyfile(launcher_path(family, codegen.FIXED_VARIANTS), out / f"launch_{family}_variants.py")
     for family in masked:  # a mask_mod's plans, with the launchers they build on from another family (BORROWED)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
 # A launcher global set by the loader to another family's launcher part: `tables`, the `tl` family's tile tables of
-# packed sequences; `masks`, its mask_mod block tables.
-BORROWED = {"tables": ("tl", "varlen"), "masks": ("tl", "mask_mod")}
+# packed sequences; `masks`, its mask_mod block tables; `columns`, templates/common/launch_columns.py (the column
+# tiles of a head dim, every family's).
+BORROWED = {"tables": ("tl", "varlen"), "masks": ("tl", "mask_mod"), "columns": ("common", "columns")}
 
 
 def data_dir(name: str) -> Path:
@@ -42,23 +43,22 @@ def launcher_path(family: str, part: str = "", templates: Path | None = None) ->
 
 @lru_cache(maxsize=None)
 def launcher(family: str, part: str = ""):
-    """The imported module of `launcher_path(family, part)` (once per process and family); one of its own gets the
-    family's launch.py module as its global `base` (to build on its helpers), one that declares `base_bwd`
-    the family's backward launcher there too (launch_bwd.py where the family has one), and one that declares a
-    name of BORROWED that launcher."""
+    """The imported module of `launcher_path(family, part)` (once per process and family). Its globals the loader
+    sets: `base`, where declared, the family's launch.py module (to build on its helpers); `base_bwd` the family's
+    backward launcher (launch_bwd.py where the family has one); a name of BORROWED that launcher."""
     path = launcher_path(family, part)
     name = f"autoflash_{family}_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    if path.name != "launch.py":
+    if hasattr(module, "base"):
         module.base = launcher(family)
-        if hasattr(module, "base_bwd"):
-            module.base_bwd = launcher(family, "bwd")
-        for name, (other, other_part) in BORROWED.items():
-            if hasattr(module, name):
-                setattr(module, name, launcher(other, other_part))
+    if hasattr(module, "base_bwd"):
+        module.base_bwd = launcher(family, "bwd")
+    for name, (other, other_part) in BORROWED.items():
+        if hasattr(module, name):
+            setattr(module, name, launcher(other, other_part))
     return module
 
 

@@ -115,6 +115,13 @@ def fa_grid(dtypes=(torch.float16, torch.bfloat16)):
             for causal in (False, True) for s in (512, 1024, 2048, 4096, 8192, 16384)]
 
 
+def head_dims():
+    """(b, h, s, d, causal, bf16): the head dims a power of two pads most (40, 80, 96, 160, 192), 16 heads, 16k
+    tokens at 1k and 4k a sequence, causal and full (NOTES G16: head_dim_split)."""
+    return [(16384 // s, 16, s, d, causal, torch.bfloat16) for d in (40, 80, 96, 160, 192) for causal in (False, True)
+            for s in (1024, 4096)]
+
+
 def bench(tmp, problems, variants, out_path, command):
     rows = []
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, command=command)
@@ -166,7 +173,7 @@ def main():
                         help="check through Triton's per-call launch (the launcher's compile=None) instead")
     parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
     parser.add_argument("--repeat", type=int, default=1, help="time the problems this many times over")
-    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "d128_16k", "short"])
+    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "d128_16k", "short", "head_dims"])
     parser.add_argument("--variants", default="[{}]")
     parser.add_argument("--out", default="gluon_bench.jsonl")
     args = parser.parse_args()
@@ -176,7 +183,8 @@ def main():
         if args.bench:
             problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
                         "d128_16k": [(1, 16, 16384, 128, False, dtype) for dtype in (torch.float16, torch.bfloat16)],
-                        "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048]}[args.bench]
+                        "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048],
+                        "head_dims": head_dims()}[args.bench]
             bench(tmp, problems * args.repeat, json.loads(args.variants), args.out, " ".join(sys.argv))
     print(f"{failures} failures")
     sys.exit(1 if failures else 0)

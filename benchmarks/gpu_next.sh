@@ -52,6 +52,8 @@
 #       benched; with PATCH=benchmarks/results/paged_rows/paged-rows.patch on a copy with it (NOTES K7)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh decode-gap $OUT  # decode's time outside its kernels (69)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh skip-idle $OUT  # G15: idle consumers' blocks released unread
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh head-dim-split $OUT  # G16 (with the branch head-dim-split
+#                                                                       checked out): tests, then beside the default
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
 # on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
@@ -325,6 +327,21 @@ tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then th
         > "$out/${day}_h100_gluon_tile_overlap.log" 2>&1
     echo "tile-overlap bench rc $?"; cat "$out/${day}_h100_gluon_tile_overlap.log"
     python benchmarks/knob_ratio.py "$rows" tile_overlap
+    ;;
+head-dim-split)  # NOTES G16, with the branch head-dim-split checked out (its databases re-keyed): the Gluon forward's
+                # GPU tests (the launcher changed for every variant), then head_dim_split beside the default at the
+                # head dims it splits (twice)
+    limit 260 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py tests/test_gpu_varlen.py \
+        -k "head_dim_split or defaults or test_variants or mask_mods_on_every_knob or gluon_varlen_forward" \
+        > "$out/${day}_gpu_tests_gluon_fwd_split.log" 2>&1
+    echo "gluon fwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_gpu_tests_gluon_fwd_split.log" | tail
+    rows="$out/${day}_gluon_head_dim_split.jsonl"
+    limit -s INT 280 python benchmarks/gluon_fwd.py --bench head_dims --repeat 2 --out "$rows" --variants '["default",
+        {"default": true, "tile_overlap": false}, {"default": true, "head_dim_split": true, "tile_overlap": false},
+        {"default": true, "head_dim_split": true, "block_n": 128, "head_dims": [160]}]' \
+        > "$out/${day}_gluon_head_dim_split.log" 2>&1
+    echo "bench rc $?"; cat "$out/${day}_gluon_head_dim_split.log"
+    python benchmarks/knob_ratio.py "$rows" head_dim_split
     ;;
 skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): on a copy of this tree with the patch and
            # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice

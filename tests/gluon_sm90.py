@@ -21,6 +21,7 @@ from triton.runtime.jit import MockTensor, create_function_from_signature
 
 from autoflash.mask_mod import render as render_mod
 from autoflash.problem import VARIANTS  # the plain problem: every variant gate off
+from autoflash.resources import launcher
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 SM90 = GPUTarget("cuda", 90, 32)
@@ -90,9 +91,9 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
     """The module's `attn_fwd` (rendered with the `variants` gates, and `mask_mod`) compiled for sm_90 (triton's
     CompiledKernel: metadata.shared, asm['ptx'], ...)."""
     captures = 1 if mask_mod == "documents" else 0
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    args = (descriptor(knobs["block_m"], head_dim, dtype), descriptor(knobs["block_n"], head_dim, dtype),
-            descriptor(knobs["block_n"], head_dim, dtype), descriptor(knobs["block_m"], head_dim, dtype),
+    block_d, block_d2 = launcher("common", "columns").column_tiles(knobs, head_dim)  # (as the launcher splits)
+    args = (*(descriptor(rows, head_dim - first, dtype, width) for first, width in ((0, block_d), (block_d, block_d2))
+              if width for rows in (knobs["block_m"], knobs["block_n"], knobs["block_n"], knobs["block_m"])),
             MockTensor(_TorchDtype("float32"), [2 * 4 * 1000]),
             MockTensor(_TorchDtype("int32"), [1]),  # the tile counter
             *((MockTensor(_TorchDtype("float32"), [4]),) if "ALIBI" in variants else ()),  # ALiBi's slopes
@@ -105,7 +106,8 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
                MockTensor(_TorchDtype(dtype), [4 * 1000 * head_dim]), head_dim, 4 * head_dim, head_dim)
               if "VARLEN" in variants else ()),  # out, its head and row strides, head_dim
             *((0, 8 * 2 * 9, 2 * 9, *(1000 for _ in range(captures))) if mask_mod else ()))  # table strides, lengths
-    options = dict(BLOCK_D=block_d, IS_CAUSAL=causal, RETURN_LSE=return_lse, num_warps=4)
+    options = dict(BLOCK_D=block_d, **(dict(BLOCK_D2=block_d2) if block_d2 else {}), IS_CAUSAL=causal,
+                   RETURN_LSE=return_lse, num_warps=4)
     return compile_kernel(module.attn_fwd, args, options)
 
 
@@ -147,7 +149,7 @@ def ptxas_report(compiled) -> dict:
 
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2, pingpong=False, overlap=True,
                consumer_regs=240, producer_regs=24, persistent=True, dynamic=False,
-               stage_o_in_q=False, tile_overlap=False)
+               stage_o_in_q=False, tile_overlap=False, head_dim_split=False)
 # (knob changes, head_dim, dtype, causal, return_lse[, variants[, a MASK_MODS name]])
 CASES = [({}, 128, "float16", False, True),
          (dict(q_buffers=2, dynamic=True), 128, "float16", True, True),
@@ -178,7 +180,23 @@ CASES = [({}, 128, "float16", False, True),
          # a static grid, two consumers: what violations() allows, NOTES G9)
          (dict(q_buffers=2, tile_overlap=True), 128, "float16", False, True),
          (dict(q_buffers=2, tile_overlap=True), 64, "bfloat16", False, True),
-         (dict(q_buffers=2, pingpong=True, stage_o_in_q=True, tile_overlap=True), 128, "bfloat16", False, False)]
+         (dict(q_buffers=2, pingpong=True, stage_o_in_q=True, tile_overlap=True), 128, "bfloat16", False, False),
+         # head_dim_split: 160 as 128 + 32 columns, 192 as 128 + 64, 96 as 64 + 32, 80 as 64 + 16, 40 as 32 + 16;
+         # with and without the overlap, ping-pong, O in Q, the fixed variants and a mask_mod
+         (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 160, "bfloat16", False, True),
+         (dict(head_dim_split=True, block_n=64, stage_o_in_q=True, dynamic=True), 192, "bfloat16", True, True),
+         (dict(head_dim_split=True, block_n=64), 192, "float16", False, True),
+         (dict(head_dim_split=True, q_buffers=2, dynamic=True), 96, "bfloat16", True, True),
+         (dict(head_dim_split=True, consumers=1, overlap=False, persistent=False), 80, "float16", True, False),
+         (dict(head_dim_split=True, consumers=3, consumer_regs=160, block_n=64, q_buffers=2), 40, "bfloat16", True,
+          True),
+         (dict(head_dim_split=True, pingpong=True, block_n=64, stage_o_in_q=True), 160, "bfloat16", True, False),
+         (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 160, "bfloat16", True, True,
+          ["WINDOW", "SOFTCAP", "ALIBI"]),
+         (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 192, "bfloat16", True, True, ["MASK_MOD"],
+          "documents"),
+         (dict(head_dim_split=True, q_buffers=2, dynamic=True), 96, "bfloat16", True, True, ["VARLEN"]),
+         (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 160, "float16", False, False, ["VARLEN"])]
 
 
 def report(cases) -> list[dict]:

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from autoflash import codegen
-from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, bwd_tiles, default_knobs,
-                                            fit, for_call, shared_memory_bytes, violations)
+from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, bwd_tiles, column_tiles,
+                                            default_knobs, fit, for_call, shared_memory_bytes, violations)
 from autoflash.gpu import KNOWN
 from autoflash.launch import compile_launch
 from autoflash.problem import Problem
@@ -102,6 +102,11 @@ def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
     (FwdKnobs(tile_overlap=True, q_buffers=2, dynamic=True), _problem(), H100, "claimed from the counter"),
     (FwdKnobs(tile_overlap=True, q_buffers=2, consumers=3, consumer_regs=160, block_n=64), _problem(64), H100,
      "two consumers only"),
+    (FwdKnobs(head_dim_split=True), _problem(128), H100, "column tiles 64 + 64 are no fewer than one tile of 128"),
+    (FwdKnobs(head_dim_split=True, block_n=64, stage_o_in_q=True), _problem(256), H100, "128 + 128"),
+    (FwdKnobs(head_dim_split=True, tile_overlap=True, q_buffers=2), _problem(96), H100,
+     "head_dim_split is not rendered with tile_overlap"),
+    (FwdKnobs(head_dim_split=True, block_n=128), _problem(192), H100, "shared memory"),
 ])
 def test_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
@@ -119,6 +124,18 @@ def test_default_is_valid(head_dim, causal, dtype):
         assert knobs.persistent and knobs.dynamic == causal
         assert knobs.q_buffers == (1 if head_dim > 128 else 2)  # two Q tiles where shared memory holds them
     assert default_knobs(_problem(head_dim, dtype, causal), KNOWN["a100"]) is None
+
+
+@pytest.mark.parametrize("head_dim, tiles", [(40, (32, 16)), (80, (64, 16)), (96, (64, 32)), (160, (128, 32)),
+                                              (192, (128, 64))])
+def test_head_dim_split_fits_where_padding_does_not(head_dim, tiles):
+    """Where the split pays, its two column tiles span fewer columns than one padded tile: it runs where the padded
+    tile runs, in less shared memory."""
+    problem = _problem(head_dim, "bfloat16")
+    split, padded = FwdKnobs(head_dim_split=True, block_n=64, stage_o_in_q=True), FwdKnobs(block_n=64,
+                                                                                             stage_o_in_q=True)
+    assert column_tiles(split, problem) == tiles and violations(split, problem, H100) == []
+    assert shared_memory_bytes(split, problem) < shared_memory_bytes(padded, problem)
 
 
 def test_launcher_refuses_what_tma_cannot_read():
@@ -290,6 +307,35 @@ def test_forward_variant_arguments_reach_the_kernel():
     assert tensor_count == 7 and named["Alibi"] is slopes and kernel.arg_names.index("Alibi") == 6
     assert (named["window_left"], named["window_right"], named["softcap"], named["stride_alibi_b"]) == (30, 10, 20.0, 4)
     assert set(kernel.arg_names) <= set(named), set(kernel.arg_names) - set(named)
+
+
+@pytest.mark.parametrize("head_dim, tiles", [(160, (128, 32)), (80, (64, 16))])
+def test_head_dim_split_plan_reads_each_column_tile_by_a_descriptor_of_its_own(head_dim, tiles):
+    """The split plan's descriptors: the four tensors' first column tiles, then the same four from the first tile's
+    width on (their own columns, blocks of the second width: TMA reads past head_dim as 0), lse and the counter per
+    call; BLOCK_D2 among the options."""
+    from autoflash import codegen
+
+    q, k = torch.empty(2, 4, 100, head_dim, dtype=torch.bfloat16), torch.empty(2, 2, 90, head_dim, dtype=torch.bfloat16)
+    lse, compiled = torch.empty(2, 4, 100), []
+
+    def compile(kernel, grid, args, options, tensor_count):
+        compiled.append((kernel, args, options, tensor_count))
+        return lambda *tensors: compiled.append(tensors)
+    knobs = FwdKnobs(head_dim_split=True, persistent=False)
+    plan = codegen.load(knobs).forward_plan(q, k, k, q, lse, 0.125, False, compile=compile)
+    plan(q, k, k, q, lse)
+    (kernel, args, options, tensor_count), per_call = compiled
+    assert tensor_count == 10 and len(per_call) == 10 and per_call[8] is lse
+    assert (options["BLOCK_D"], options["BLOCK_D2"]) == tiles
+    first, second = per_call[:4], per_call[4:8]
+    for one, two, t, rows in zip(first, second, (q, k, k, q), (64, 128, 128, 64)):
+        assert one.base.data_ptr() == t.data_ptr() and list(one.shape) == list(t.shape)
+        assert two.base.data_ptr() == t.data_ptr() + tiles[0] * t.element_size()
+        assert list(two.shape) == [*t.shape[:3], head_dim - tiles[0]] and list(two.strides) == list(t.stride())
+        assert (list(one.block_shape), list(two.block_shape)) == ([1, 1, rows, tiles[0]], [1, 1, rows, tiles[1]])
+    names = kernel.arg_names
+    assert names[:9] == ["q_desc", "k_desc", "v_desc", "o_desc", "q_desc2", "k_desc2", "v_desc2", "o_desc2", "lse_ptr"]
 
 
 def test_mask_mod_arguments_and_block_table_reach_the_forward():

@@ -116,6 +116,41 @@ def test_tile_overlap_repeats():
         assert_matches_reference(out, lse, q, k, v, False)
 
 
+# head_dim_split: the head dim as two column tiles (160 = 128 + 32, 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16,
+# 40 = 32 + 16: columns past head_dim in the second tile read as 0 and are never written), on the knob sets of
+# each head dim's winners and the paths the template splits (overlap or not, ping-pong, O in Q or its own tile),
+# at the head dims where each fits.
+HEAD_DIM_SPLIT = {
+    "split": (dict(head_dim_split=True), (40, 80, 96)),
+    "split, sequential, one consumer": (dict(head_dim_split=True, overlap=False, consumers=1), (40, 80, 96, 160)),
+    "split, two q tiles, dynamic": (dict(head_dim_split=True, q_buffers=2, dynamic=True), (40, 80, 96)),
+    "split, o in q": (dict(head_dim_split=True, stage_o_in_q=True), (160,)),
+    "split, o in q, 64 keys": (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), (96, 160, 192)),
+    "split, o in q, 64 keys, pingpong": (dict(head_dim_split=True, block_n=64, stage_o_in_q=True, pingpong=True),
+                                         (160, 192)),
+}
+
+
+@pytest.mark.parametrize("variant, head_dim", [(name, d) for name, (_, dims) in HEAD_DIM_SPLIT.items() for d in dims])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_split(variant, head_dim, causal):
+    knobs = FwdKnobs(**HEAD_DIM_SPLIT[variant][0])
+    for i, (seqlen_q, seqlen_k) in enumerate(LENGTHS):
+        q, k, v = make_qkv(2, 8, 2, seqlen_q, seqlen_k, head_dim, (torch.float16, torch.bfloat16)[i % 2], "cuda",
+                           seed=i)
+        out, lse = run(knobs, q, k, v, causal)
+        assert_matches_reference(out, lse, q, k, v, causal)
+
+
+def test_head_dim_split_with_variants_and_a_mask_mod():
+    """The fixed variants and a mask_mod touch the scores alone: split, they run as unsplit."""
+    knobs = FwdKnobs(head_dim_split=True, block_n=64, stage_o_in_q=True)
+    for i, case in enumerate(VARIANT_CASES):
+        assert run_forward(knobs, (1, 4, 2, 1000, 4097, 160), torch.bfloat16, case, seed=i), case
+    for causal in (False, True):
+        run_mask_mod(knobs, (2, 8, 2, 1000, 4097, 192), torch.bfloat16, "documents", causal)
+
+
 @pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])

@@ -197,6 +197,18 @@ def test_gluon_varlen_forward(change, causal, heads_q, heads_kv, head_dim, monke
     assert forced, "the call did not dispatch through the forced Gluon knobs"
 
 
+@pytest.mark.parametrize("change", [{}, dict(q_buffers=1, block_n=64, stage_o_in_q=True)], ids=["default", "o_in_q"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_q, heads_kv, head_dim", [(8, 2, 96), (4, 4, 80), (4, 1, 160), (8, 2, 40)])
+def test_gluon_varlen_forward_head_dim_split(change, causal, heads_q, heads_kv, head_dim, monkeypatch):
+    """The packed forward with the head dim in two column tiles (head_dim_split, NOTES G16): O's second tile by TMA
+    where a tile's rows are all the sequence's, else by the masked store, its columns from the first tile's width."""
+    forced = _force_gluon(monkeypatch, "fwd", dict(change, head_dim_split=True))
+    q, k, v, cu_q, cu_k = packed_batch(LENGTHS_Q, LENGTHS_K, heads_q, heads_kv, head_dim, torch.bfloat16, seed=19)
+    _assert_forward_poisoned(q, k, v, cu_q, cu_k, max(LENGTHS_Q), max(LENGTHS_K), causal)
+    assert forced and all(knobs.head_dim_split for knobs in forced)
+
+
 @pytest.mark.parametrize("change", [{}, dict(block_m=128), dict(warpgroups=1, group_splits=1), dict(num_buffers=3),
                                     dict(group_splits=1), dict(group_splits=2), dict(group_splits=4),
                                     dict(dq_writer=True)],

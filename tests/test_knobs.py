@@ -158,7 +158,7 @@ def test_head_dim_split_tiles(head_dim, tiles):
     problem = dataclasses.replace(PROBLEM, head_dim=head_dim)
     split, padded = FwdKnobs(head_dim_split=True), FwdKnobs()
     assert column_tiles(split, problem) == tiles and sum(tiles) >= head_dim
-    assert launcher("tl").column_tiles(split.as_point(), head_dim) == tiles  # one definition, the launcher's
+    assert launcher("common", "columns").column_tiles(split.as_point(), head_dim) == tiles  # the launchers' one rule
     assert shared_memory_bytes(split, problem) * column_tiles(padded, problem)[0] == \
         shared_memory_bytes(padded, problem) * sum(tiles)  # the estimates follow the columns the tiles span
 

@@ -6,6 +6,8 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+columns = None  # the module of templates/common/launch_columns.py (column_tiles), set by the loader
+
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # Under causal masking, tiles run longest first over runs of heads whose K and V fit this much of L2 (the
 # H100's holds 50 MB); without it, each head's tiles together (they all do the same work).
@@ -27,22 +29,25 @@ def _check(q, k, v, out, lse):
         raise ValueError("lse must be a contiguous fp32 (batch, heads_q, seqlen_q) tensor")
 
 
-def _descriptor_maker(q, k, v, out, block_m, block_n, block_d):
+def _descriptor_maker(q, k, v, out, block_m, block_n, block_d, block_d2=0):
     """`make(q, k, v, out)`: TMA descriptors over (batch, heads, seqlen, head_dim) with each tensor's strides
     (any layout whose rows are 16-byte aligned), blocks of (1, 1, rows, block_d) for tensors shaped and
-    strided like these; rows past seqlen and columns past head_dim read as 0 and are never written."""
+    strided like these; rows past seqlen and columns past head_dim read as 0 and are never written. With a second
+    column tile (block_d2), then the same four over columns block_d.. (blocks of (1, 1, rows, block_d2))."""
     layout_of = {}
     specs = []
-    for t, rows in ((q, block_m), (k, block_n), (v, block_n), (out, block_m)):
-        block = [1, 1, rows, block_d]
-        key = (rows, t.dtype)
-        if key not in layout_of:
-            layout_of[key] = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
-        specs.append((list(t.shape), list(t.stride()), block, layout_of[key]))
+    for first, width in ((0, block_d), (block_d, block_d2)) if block_d2 else ((0, block_d),):
+        for t, rows in ((q, block_m), (k, block_n), (v, block_n), (out, block_m)):
+            block = [1, 1, rows, width]
+            key = (rows, width, t.dtype)
+            if key not in layout_of:
+                layout_of[key] = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
+            shape = [*t.shape[:3], t.shape[3] - first]
+            specs.append((first, shape, list(t.stride()), block, layout_of[key]))
 
     def make(*tensors):
-        return tuple(TensorDescriptor(t, shape, strides, block, layout)
-                     for t, (shape, strides, block, layout) in zip(tensors, specs))
+        return tuple(TensorDescriptor(t[..., first:] if first else t, shape, strides, block, layout)
+                     for t, (first, shape, strides, block, layout) in zip(tensors * (len(specs) // 4), specs))
     return make
 
 
@@ -72,9 +77,9 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
     _check(q, k, v, out, lse)
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d, block_d2 = columns.column_tiles(knobs, head_dim)
     tile_m = knobs["block_m"] * knobs["consumers"]
-    descriptors = _descriptor_maker(q, k, v, out, knobs["block_m"], knobs["block_n"], block_d)
+    descriptors = _descriptor_maker(q, k, v, out, knobs["block_m"], knobs["block_n"], block_d, block_d2)
     tiles_m = triton.cdiv(seqlen_q, tile_m)
     tiles = tiles_m * batch * heads_q
     if knobs["persistent"]:  # one program per SM walks the tiles
@@ -84,14 +89,16 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
     kv_bytes = 2 * seqlen_k * head_dim * q.element_size() * heads_kv // heads_q  # per query head
     run_heads = min(batch * heads_q, max(1, L2_BYTES_PER_RUN // kv_bytes)) if causal else 1
     counter = _counter_maker(q, knobs["dynamic"])
-    args = (*descriptors(q, k, v, out), q if lse is None else lse, counter(), softmax_scale, heads_q,
-            heads_q // heads_kv, seqlen_q, seqlen_k, tiles_m, tiles, run_heads)
-    options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), RETURN_LSE=lse is not None, num_warps=4)
+    per_call = (*descriptors(q, k, v, out), q if lse is None else lse, counter())
+    args = (*per_call, softmax_scale, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, tiles_m, tiles, run_heads)
+    options = dict(BLOCK_D=block_d, **(dict(BLOCK_D2=block_d2) if block_d2 else {}), IS_CAUSAL=bool(causal),
+                   RETURN_LSE=lse is not None, num_warps=4)
+    tensor_count = len(per_call)
     if compile is None:
         def launch(*tensors):
-            kernels.attn_fwd[grid](*tensors, *args[6:], **options)
+            kernels.attn_fwd[grid](*tensors, *args[tensor_count:], **options)
     else:
-        launch = compile(kernels.attn_fwd, grid, args, options, 6)
+        launch = compile(kernels.attn_fwd, grid, args, options, tensor_count)
 
     def forward(q, k, v, out, lse):
         launch(*descriptors(q, k, v, out), q if lse is None else lse, counter())

@@ -31,11 +31,11 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     _, heads_q, total_q, head_dim = q.shape
     heads_kv = k.shape[1]
     batch = cu_seqlens_q.numel() - 1
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d, block_d2 = base.columns.column_tiles(knobs, head_dim)
     tile_m = knobs["block_m"] * knobs["consumers"]
     entries = triton.cdiv(total_q, tile_m) + batch  # bounds the (sequence, query tile) pairs before the lengths
     tiles = entries * heads_q
-    descriptors = base._descriptor_maker(q, k, v, out, knobs["block_m"], knobs["block_n"], block_d)
+    descriptors = base._descriptor_maker(q, k, v, out, knobs["block_m"], knobs["block_n"], block_d, block_d2)
     if knobs["persistent"]:  # one program per SM walks the tiles
         grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count),)
     else:
@@ -47,13 +47,14 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     # Under causal masking, runs of as many whole KV groups as the K and V of every packed row fit the dense
     # launcher's L2 share (at least one group); without it, every head of a table entry together.
     group, rows_k = heads_q // heads_kv, k.shape[2]
-    run_heads = min(group * max(base.L2_BYTES_PER_RUN // (2 * block_d * q.element_size()) // rows_k, 1),
+    run_heads = min(group * max(base.L2_BYTES_PER_RUN // (2 * (block_d + block_d2) * q.element_size()) // rows_k, 1),
                     heads_q) if causal else heads_q
-    args = (*descriptors(q, k, v, out), q if lse is None else lse, counter(), softmax_scale, heads_q, group, total_q,
-            rows_k, entries, tiles, run_heads, cu_seqlens_q, starts_k, seqlens_k, table, out, out.stride(1),
-            out.stride(2), head_dim)
-    options = dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), RETURN_LSE=lse is not None, num_warps=4)
-    launch = compile(kernels.attn_fwd, grid, args, options, 6, VARLEN_ARGS)
+    per_call = (*descriptors(q, k, v, out), q if lse is None else lse, counter())
+    args = (*per_call, softmax_scale, heads_q, group, total_q, rows_k, entries, tiles, run_heads, cu_seqlens_q,
+            starts_k, seqlens_k, table, out, out.stride(1), out.stride(2), head_dim)
+    options = dict(BLOCK_D=block_d, **(dict(BLOCK_D2=block_d2) if block_d2 else {}), IS_CAUSAL=bool(causal),
+                   RETURN_LSE=lse is not None, num_warps=4)
+    launch = compile(kernels.attn_fwd, grid, args, options, len(per_call), VARLEN_ARGS)
 
     device_table = tables.device_tiles(compile, cu_seqlens_q, seqlens_k, 1, tile_m, causal, entries)
 

@@ -14,15 +14,7 @@ import math
 import torch
 import triton
 
-
-def column_tiles(knobs, head_dim):
-    """Widths (BLOCK_D, BLOCK_D2) of the column tiles a row of q, k, v, out spans: one, the head dim padded to
-    a power of two (BLOCK_D2 0: none); with head_dim_split, the largest power of two below head_dim and the
-    rest padded to a power of two (at least 16, tl.dot's least)."""
-    if not knobs.get("head_dim_split"):
-        return max(16, triton.next_power_of_2(head_dim)), 0
-    first = triton.next_power_of_2(head_dim) // 2
-    return first, max(16, triton.next_power_of_2(head_dim - first))
+columns = None  # the module of templates/common/launch_columns.py (column_tiles), set by the loader
 
 
 def tma_aligned(*tensors):
@@ -67,7 +59,7 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_m, block_n, kv_splits, loads = knobs["block_m"], knobs["block_n"], knobs["kv_splits"], knobs["loads"]
-    block_d, block_d2 = column_tiles(knobs, head_dim)
+    block_d, block_d2 = columns.column_tiles(knobs, head_dim)
     if kv_splits > 1:  # each key split writes an fp32 partial output and lse; a second kernel merges them
         head_dim_pad = kernels._head_dim_pad(head_dim)
         part_shape = (kv_splits * batch, heads_q, seqlen_q, head_dim_pad)

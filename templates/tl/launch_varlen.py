@@ -168,7 +168,7 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     group = heads_q // heads_kv
     batch = cu_seqlens_q.numel() - 1
     block_m, block_n, kv_splits = knobs["block_m"], knobs["block_n"], knobs["kv_splits"]
-    block_d, block_d2 = base.column_tiles(knobs, head_dim)
+    block_d, block_d2 = base.columns.column_tiles(knobs, head_dim)
     rows_per_token, heads = (group, heads_kv) if knobs["pack_gqa"] else (1, heads_q)
     count = triton.cdiv(total_q * rows_per_token, block_m) + batch
     if kv_splits > 1:

@@ -8,6 +8,7 @@ from typing import ClassVar
 from autoflash.gpu import Gpu, tma_aligned
 from autoflash.knobs import MAX_GRID_Y, Knobs, family_knob, head_dim_pad, knob
 from autoflash.problem import Problem
+from autoflash.resources import launcher
 
 FAMILY_DOC = ("FlashAttention-3's shape in Gluon (templates/gluon), Hopper only: a TMA producer warp and "
               "consumer warpgroups with registers split between them, asynchronous wgmma")
@@ -48,6 +49,10 @@ class FwdKnobs(Knobs):
     tile_overlap: bool = knob(False, (False, True),
                               "(persistent, two Q tiles, overlap) the next tile's first Q K^T and softmax run under "
                               "this tile's last P V, before its epilogue (plain problems)")
+    head_dim_split: bool = knob(False, (False, True),
+                                "the head dim as two column tiles, the largest power of two below it and one for "
+                                "the rest, instead of one padded to a power of two: head dim 160 computes 128 + 32 "
+                                "columns, not 256 (two wgmmas for Q K^T and for P V, two O accumulators)")
     consumer_regs: int = knob(240, (240, 232, 160), "registers per thread of each consumer warpgroup but the first")
     producer_regs: int = knob(24, (24, 32, 40), "registers per thread of the producer warp('s warpgroup)")
 
@@ -77,10 +82,18 @@ class BwdKnobs(Knobs):
                                                "not between P^T and dS^T: fewer registers live at once")
 
 
+def column_tiles(knobs: FwdKnobs, problem: Problem) -> tuple[int, ...]:
+    """Widths of the column tiles Q, K, V and O span, as the launcher splits them (templates/common/launch_columns.py):
+    the head dim padded to a power of two, or with head_dim_split the largest power of two below it and the rest
+    padded."""
+    columns = launcher("common", "columns").column_tiles({"head_dim_split": knobs.head_dim_split}, problem.head_dim)
+    return tuple(w for w in columns if w)
+
+
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
     """Q (and O) tiles of each consumer and the K/V ring. Measured on sm_90 compiles: d128, 2 consumers, 2 slots
     of 128 keys: 197000 B (this gives 197632); with O in Q 164152 (164864); d256, 64 keys, O in Q: 196968."""
-    d, size = head_dim_pad(problem.head_dim), problem.element_size
+    d, size = sum(column_tiles(knobs, problem)), problem.element_size
     q_tiles = knobs.consumers * knobs.block_m * d * (knobs.q_buffers + (0 if knobs.stage_o_in_q else 1))
     return size * (q_tiles + knobs.num_buffers * 2 * knobs.block_n * d) + MBARRIER_BYTES
 
@@ -131,7 +144,7 @@ def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
     the next tile's P besides, through this tile's epilogue (sm_90 compiles, NOTES G9: 2 consumers at head dim 128
     (224 by this count) spill nothing, 3 at head dim 64 with 128-key blocks (192, at 160) 248-276 B)."""
     threads = 128
-    o, s = knobs.block_m * head_dim_pad(problem.head_dim) // threads, knobs.block_m * knobs.block_n // threads
+    o, s = knobs.block_m * sum(column_tiles(knobs, problem)) // threads, knobs.block_m * knobs.block_n // threads
     return o + s + s // 2 * (2 if knobs.tile_overlap else 1) + 32
 
 
@@ -173,6 +186,8 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
         why.append("two Q tiles without the softmax/QK^T overlap crash or compute wrong results (NOTES 38)")
     if knobs.tile_overlap:
         why += _tile_overlap_violations(knobs, problem)
+    if knobs.head_dim_split:
+        why += _head_dim_split_violations(knobs, problem)
     smem = shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
@@ -206,6 +221,18 @@ def _tile_overlap_violations(knobs: FwdKnobs, problem: Problem) -> list[str]:
                    "grid only")
     if knobs.consumers != 2:
         why.append("tile_overlap is right on the GPU with two consumers only (three computed wrong results, NOTES G9)")
+    return why
+
+
+def _head_dim_split_violations(knobs: FwdKnobs, problem: Problem) -> list[str]:
+    """head_dim_split pays where its two column tiles span fewer columns than one padded tile (160: 128 + 32 < 256;
+    not 128 or 112: 64 + 64). The template splits every kernel but tile_overlap's next-tile block."""
+    why = []
+    tiles, padded = column_tiles(knobs, problem), head_dim_pad(problem.head_dim)
+    if sum(tiles) >= padded:
+        why.append(f"head_dim_split: column tiles {' + '.join(map(str, tiles))} are no fewer than one tile of {padded}")
+    if knobs.tile_overlap:
+        why.append("head_dim_split is not rendered with tile_overlap")
     return why
 
 

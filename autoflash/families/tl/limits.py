@@ -18,7 +18,7 @@ def column_tiles(knobs: Knobs, problem: Problem) -> tuple[int, ...]:
 
 @lru_cache(maxsize=None)
 def _column_tiles(split: bool, head_dim: int) -> tuple[int, ...]:
-    return tuple(w for w in launcher("tl").column_tiles({"head_dim_split": split}, head_dim) if w)
+    return tuple(w for w in launcher("common", "columns").column_tiles({"head_dim_split": split}, head_dim) if w)
 
 
 def split_saves_columns(problem: Problem) -> bool:
