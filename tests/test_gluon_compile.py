@@ -112,7 +112,7 @@ def test_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
 
 
-@pytest.mark.parametrize("head_dim", [16, 40, 64, 80, 96, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [16, 40, 64, 72, 80, 96, 112, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_default_is_valid(head_dim, causal, dtype):
@@ -123,6 +123,10 @@ def test_default_is_valid(head_dim, causal, dtype):
         # Causal tiles of unequal work: persistent programs claim them longest first from a counter.
         assert knobs.persistent and knobs.dynamic == causal
         assert knobs.q_buffers == (1 if head_dim > 128 else 2)  # two Q tiles where shared memory holds them
+        # Two column tiles where the padded one is past 64 columns and they drop a quarter of it (NOTES G16, G17);
+        # 128-key blocks to 160 columns.
+        assert knobs.head_dim_split == (head_dim in (72, 80, 96, 160, 192))
+        assert knobs.block_n == (64 if head_dim in (192, 256) else 128)
     assert default_knobs(_problem(head_dim, dtype, causal), KNOWN["a100"]) is None
 
 

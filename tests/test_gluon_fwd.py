@@ -117,13 +117,13 @@ def test_tile_overlap_repeats():
 
 
 # head_dim_split: the head dim as two column tiles (160 = 128 + 32, 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16,
-# 40 = 32 + 16: columns past head_dim in the second tile read as 0 and are never written), on the knob sets of
+# 72 = 64 + 16, 40 = 32 + 16: columns past head_dim in the second tile read as 0 and are never written), on the knob sets of
 # each head dim's winners and the paths the template splits (overlap or not, ping-pong, O in Q or its own tile),
 # at the head dims where each fits.
 HEAD_DIM_SPLIT = {
-    "split": (dict(head_dim_split=True), (40, 80, 96)),
+    "split": (dict(head_dim_split=True), (40, 72, 80, 96)),
     "split, sequential, one consumer": (dict(head_dim_split=True, overlap=False, consumers=1), (40, 80, 96, 160)),
-    "split, two q tiles, dynamic": (dict(head_dim_split=True, q_buffers=2, dynamic=True), (40, 80, 96)),
+    "split, two q tiles, dynamic": (dict(head_dim_split=True, q_buffers=2, dynamic=True), (40, 72, 80, 96)),
     "split, o in q": (dict(head_dim_split=True, stage_o_in_q=True), (160,)),
     "split, o in q, 64 keys": (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), (96, 160, 192)),
     "split, o in q, 64 keys, pingpong": (dict(head_dim_split=True, block_n=64, stage_o_in_q=True, pingpong=True),
@@ -151,7 +151,7 @@ def test_head_dim_split_with_variants_and_a_mask_mod():
         run_mask_mod(knobs, (2, 8, 2, 1000, 4097, 192), torch.bfloat16, "documents", causal)
 
 
-@pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [40, 64, 72, 96, 128, 160, 192, 256])  # 72-192: split by default
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads_q, heads_kv", [(8, 2), (4, 1)])

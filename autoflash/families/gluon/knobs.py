@@ -224,6 +224,13 @@ def _tile_overlap_violations(knobs: FwdKnobs, problem: Problem) -> list[str]:
     return why
 
 
+def _split_pays(problem: Problem) -> bool:
+    """The default splits the head dim where the padded tile is past 64 columns and the split drops a quarter of
+    them or more: 80, 96, 160, 192 measured +4-40% (NOTES G16), 72 by the rule; not 40 (32 + 16 of 64: 0.96-1.03x)."""
+    padded = head_dim_pad(problem.head_dim)
+    return padded > 64 and 4 * sum(column_tiles(FwdKnobs(head_dim_split=True), problem)) <= 3 * padded
+
+
 def _head_dim_split_violations(knobs: FwdKnobs, problem: Problem) -> list[str]:
     """head_dim_split pays where its two column tiles span fewer columns than one padded tile (160: 128 + 32 < 256;
     not 128 or 112: 64 + 64). The template splits every kernel but tile_overlap's next-tile block."""
@@ -281,11 +288,12 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     128-key blocks, overlap, two Q tiles where they fit, a persistent grid; under causal masking its programs
     claim tiles from a counter (the tiles' work is unequal: G6, +2% geomean over the grid's causal cells against
     G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
-    without causal masking, from 8k with it; head dims past 128 take 64-key blocks and stage O in Q; a mask_mod's
-    tiles claim from the counter too (the block table leaves their work unequal, as causal masking does); where
-    tile_overlap runs (full attention, static grid, two consumers) the next tile's first block goes under this
-    tile's last P V (NOTES G9: d128 full +1-6%). None where
-    the family cannot run the problem. The backward (every untuned backward's default where it runs:
+    without causal masking, from 8k with it; head dims past 128 take 64-key blocks, one Q tile and stage O in Q; a
+    mask_mod's tiles claim from the counter too (the block table leaves their work unequal, as causal masking
+    does); where tile_overlap runs (full attention, static grid, two consumers) the next tile's first block goes
+    under this tile's last P V (NOTES G9: d128 full +1-6%); where the padded tile is past 64 columns and
+    head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
+    no tile_overlap (NOTES G16: +4-40%; G17). None where the family cannot run the problem. The backward (every untuned backward's default where it runs:
     autoflash.families.default_order): two consumer warpgroups, 64-row steps (32 past head dim
     128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
     (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past it (NOTES
@@ -311,11 +319,14 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
                       replace(knobs, group_splits=1, dq_turns=False, dv_late=False))
     else:
         three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
-        knobs = FwdKnobs(block_n=128 if d <= 128 else 64, consumers=3 if three else 2,
+        split = _split_pays(problem)
+        columns = sum(column_tiles(FwdKnobs(head_dim_split=split), problem))
+        knobs = FwdKnobs(block_n=128 if columns <= (160 if split else 128) else 64, consumers=3 if three else 2,
                          consumer_regs=160 if three else 240, dynamic=problem.causal or bool(problem.mask_mod),
-                         stage_o_in_q=d > 128,
-                         q_buffers=2, tile_overlap=True)
-        candidates = (knobs, replace(knobs, tile_overlap=False), replace(knobs, q_buffers=1, tile_overlap=False))
+                         stage_o_in_q=d > 128, q_buffers=2 if d <= 128 else 1, head_dim_split=split,
+                         tile_overlap=not split)
+        candidates = (knobs, replace(knobs, tile_overlap=False), replace(knobs, q_buffers=1, tile_overlap=False),
+                      replace(knobs, block_n=64, q_buffers=1, tile_overlap=False))
     return next((k for k in candidates if not violations(k, problem, gpu)), None)
 
 
