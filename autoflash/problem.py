@@ -10,6 +10,7 @@ import torch
 from autoflash.checks import canonical_window
 
 BWD_FLOP_RATIO = 2.5
+TILE_ROWS = 64  # the fewest query rows a kernel tile takes: a problem with fewer a head is decode-like (`_kind`)
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # Attention variants (what is computed, beside the shapes). Each is a Jinja gate of the templates: its code is
 # rendered only for problems that use it (`{% if WINDOW %}...{% endif %}`), and a template fingerprint counts
@@ -181,19 +182,23 @@ class Problem:
                 + "".join(f" {part}" for part in self._variant_parts()))
 
     def distance(self, other: "Problem") -> float | None:
-        """Log-scale distance to a problem of the same kind (dtype, head dim, causal flag, GQA ratio, window,
-        softcap, alibi, mods): lengths, batch x heads and page sizes (where both have pages) compared in log2; None
-        for a problem of another kind. Packed and paged problems are of the kind of the dense ones (dispatch
-        prefers those with its own variants: dispatch.choose)."""
-        kind = (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv, self.window, self.softcap,
-                self.alibi, self.mask_mod, self.score_mod)  # (packed sequences, pages: dense records, `variants` aside)
-        if kind != (other.dtype, other.head_dim, other.causal, other.heads_q // other.heads_kv, other.window,
-                    other.softcap, other.alibi, other.mask_mod, other.score_mod):
+        """Log-scale distance to a problem of the same kind (`_kind`): lengths, batch x heads and page sizes (where
+        both have pages) compared in log2; None for a problem of another kind. Packed and paged problems are of the
+        kind of the dense ones (dispatch prefers those with its own variants: dispatch.choose)."""
+        if self._kind() != other._kind():
             return None
         return sum(abs(math.log2(x) - math.log2(y)) for x, y in (
             (self.seqlen_q, other.seqlen_q), (self.seqlen_k, other.seqlen_k),
             (self.batch * self.heads_q, other.batch * other.heads_q),
             *([(self.page_size, other.page_size)] if self.page_size and other.page_size else [])))
+
+    def _kind(self) -> tuple:
+        """What a tuned neighbour shares: dtype, head dim, causal flag, GQA ratio, whether a head's query rows fill
+        a query tile (fewer, decode and speculative chunks, run other shapes of kernel: query heads packed into a
+        tile, keys split; a decode winner ran a 1000-token causal prefill at 0.66x plain SDPA, NOTES 74), window,
+        softcap, alibi, mods (packed sequences and pages aside: `variants`)."""
+        return (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv, self.seqlen_q < TILE_ROWS,
+                self.window, self.softcap, self.alibi, self.mask_mod, self.score_mod)
 
     def tensor_bytes(self, direction: str = "fwd") -> int:
         """Bytes of one call's tensors: q, k, v, out and the fp32 lse; the backward adds dout, dq, dk, dv."""

@@ -56,6 +56,19 @@ def test_exact_then_nearest_then_default(tuned_db):
     assert within.knobs.block_n == FAST.block_n and within.reason.endswith("(log2 distance 8.00)")
 
 
+def test_a_decode_winner_is_no_neighbour_of_a_prefill(tmp_path):
+    """Fewer query rows a head than a tile holds (decode, speculative chunks) run other shapes of kernel: such a
+    problem's winner is not borrowed by a prefill 6 log2 steps away, nor the reverse (NOTES 74)."""
+    url = f"sqlite:///{tmp_path / 'user.db'}"
+    decode = dataclasses.replace(BASE, batch=16, seqlen_q=16, seqlen_k=1024)
+    record(Store(url), H100, decode, NEAR, 0.1)
+    prefill = dataclasses.replace(BASE, batch=8, seqlen_q=1000, seqlen_k=1000)
+    assert decode.distance(dataclasses.replace(decode, seqlen_q=63)) is not None
+    assert prefill.distance(decode) is None and decode.distance(prefill) is None
+    assert Dispatcher([url]).choice(prefill, H100).source == "default"
+    assert Dispatcher([url]).choice(dataclasses.replace(decode, seqlen_q=4), H100).tuned.problem == decode
+
+
 def test_other_gpus_and_templates_are_ignored(tuned_db):
     d = Dispatcher([tuned_db])
     assert d.choice(dataclasses.replace(BASE, seqlen_q=1024, seqlen_k=1024), H100).knobs != ELSEWHERE
