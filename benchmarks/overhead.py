@@ -9,7 +9,7 @@ a variant's `forward_plan` with autoflash/launch.py). Overhead is taken like for
 `attention(q, k, v)` over the bare launch that allocates its output as attention does. Also timed: the
 variant's plan launched through Triton's per-call argument binding (`kernel[grid](...)`), parts
 of attention's own work alone, and the backward variant's kernels started by its plan and through Triton's
-binding, and the whole backward through torch.autograd.grad.
+binding, and the whole backward through torch.autograd.grad; plain SDPA's forward and backward the same way.
 """
 
 import argparse
@@ -25,6 +25,7 @@ import triton
 import autoflash
 from autoflash import api, checks, codegen, gpu as gpus
 from autoflash.problem import Problem
+from forced_knobs import forced_knobs
 
 
 def host_us(fns: dict, calls: int = 2000, rounds: int = 9) -> dict[str, float]:
@@ -68,7 +69,15 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--profile", metavar="NAME", help="also print cProfile's top entries for the timed function "
                         "NAME (e.g. backward_autograd)")
+    parser.add_argument("--knobs", default="{}", help="a change to the dispatched forward's knobs, as "
+                        "benchmarks/forced_knobs.py takes one: '{\"family\": \"gluon\", \"default\": true}' times the "
+                        "Gluon forward's default")
     args = parser.parse_args()
+    with forced_knobs(json.loads(args.knobs)):
+        measure(args)
+
+
+def measure(args):
     q, k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     out = torch.empty_like(q)
     problem = Problem.from_tensors(q, k, False)
@@ -88,6 +97,8 @@ def main():
 
     graph_inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
     graph_out = autoflash.attention(*graph_inputs)  # a kept graph: each backward_autograd call runs the backward
+    sdpa_inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    sdpa_out = torch.nn.functional.scaled_dot_product_attention(*sdpa_inputs)  # plain SDPA's, for comparison
 
     def call_key():  # the pointers are read for the key (and out's overlap check)
         return api._call_key(q, k, v, None, checks.addresses(q, k, v, None), False, None, False, False)
@@ -106,7 +117,9 @@ def main():
         backward_bare_launch=lambda: bwd_launch(q, k, v, out, lse, dout, *grads, None),
         backward_triton_jit_launch=lambda: bwd_jit_launch(q, k, v, out, lse, dout, *grads, None),
         # What `autoflash bench --mode bwd` times: the whole backward through autograd (allocations, copies, plan).
-        backward_autograd=lambda: torch.autograd.grad(graph_out, graph_inputs, dout, retain_graph=True))
+        backward_autograd=lambda: torch.autograd.grad(graph_out, graph_inputs, dout, retain_graph=True),
+        sdpa=lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+        sdpa_backward_autograd=lambda: torch.autograd.grad(sdpa_out, sdpa_inputs, dout, retain_graph=True))
     for fn in fns.values():  # compiled, planned and warm
         for _ in range(200):
             fn()
@@ -124,8 +137,8 @@ def main():
     over = {f"overhead_{call}_over_{base}_us": paired_overhead_us(fns[call], fns[base])
             for call, base in (("attention_into_out", "bare_launch"), ("attention", "bare_launch_with_output"))}
     row = dict(bench="overhead", **median, **over, method="paired per-call medians", knobs=knobs.to_json(),
-               bwd_knobs=bwd_knobs.to_json(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-               triton=triton.__version__, autoflash=autoflash.__version__,
+               bwd_knobs=bwd_knobs.to_json(), forced=args.knobs, gpu=torch.cuda.get_device_name(),
+               torch=torch.__version__, triton=triton.__version__, autoflash=autoflash.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                command="python " + " ".join(sys.argv))
     print(", ".join(f"{name} {value:.2f}" for name, value in (median | over).items()))
