@@ -54,6 +54,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh skip-idle $OUT  # G15: idle consumers' blocks released unread
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh head-dim-split $OUT  # G16 (with the branch head-dim-split
 #                                                                       checked out): tests, then beside the default
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh fwd-host $OUT  # G18: the Gluon forward's descriptors copied
+#                                                                       per call: host time before, tests, after
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
 # on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
@@ -342,6 +344,14 @@ head-dim-split)  # NOTES G16, with the branch head-dim-split checked out (its da
         > "$out/${day}_gluon_head_dim_split.log" 2>&1
     echo "bench rc $?"; cat "$out/${day}_gluon_head_dim_split.log"
     python benchmarks/knob_ratio.py "$rows" head_dim_split
+    ;;
+fwd-host)  # NOTES G18 (branch fwd-host, its patch under results/fwd_host): the Gluon forward's host time per call on
+          # this tree, then on a copy with the patch (records re-keyed) its GPU tests and host time again
+    gluon='{"family": "gluon", "default": true}'
+    limit 120 python benchmarks/overhead.py --knobs "$gluon" --out "$out/${day}_overhead_gluon_fwd.jsonl" 2>&1 | tail -1
+    patched_copy fwd_host benchmarks/results/fwd_host/fwd-host.patch
+    knob_tests fwd_host "defaults or head_dim_split or test_variants or gluon_varlen_forward"
+    limit 120 python benchmarks/overhead.py --knobs "$gluon" --out "$out/${day}_overhead_gluon_fwd.jsonl" 2>&1 | tail -1
     ;;
 skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): on a copy of this tree with the patch and
            # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice
