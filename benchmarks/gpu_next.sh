@@ -56,6 +56,8 @@
 #                                                                       checked out): tests, then beside the default
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh fwd-host $OUT  # G18: the Gluon forward's descriptors copied
 #                                                                       per call: host time before, tests, after
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh mqa-split $OUT  # G-bwd22: uneven group splits, tests, then
+#                                                                       MQA 71:1 and GQA 7:1 backward before/after
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
 # on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
@@ -352,6 +354,19 @@ fwd-host)  # NOTES G18 (branch fwd-host, its patch under results/fwd_host): the 
     patched_copy fwd_host benchmarks/results/fwd_host/fwd-host.patch
     knob_tests fwd_host "defaults or head_dim_split or test_variants or gluon_varlen_forward"
     limit 120 python benchmarks/overhead.py --knobs "$gluon" --out "$out/${day}_overhead_gluon_fwd.jsonl" 2>&1 | tail -1
+    ;;
+mqa-split)  # NOTES G-bwd22 (branch mqa-split, its patch under results/mqa_split): the two held-out problems its
+           # default splits (holdout.yaml's MQA 71:1 and GQA 7:1) on this tree, then on a copy with the patch (records
+           # re-keyed) its GPU tests and the same two problems
+    printf 'problems:\n  - {batch: 4, heads_q: 71, heads_kv: 1, seqlen_q: 2048, head_dim: 64, causal: true, dtype: bfloat16}\n  - {batch: 4, heads_q: 28, heads_kv: 4, seqlen_q: 2048, head_dim: 128, causal: true, dtype: bfloat16}\n' > /tmp/mqa.yaml
+    limit 120 python -m autoflash bench --shapes /tmp/mqa.yaml --mode bwd --out "$out/${day}_mqa_split_bwd.jsonl" 2>&1 |
+        grep -v -i warn | tail -n 6
+    patched_copy mqa_split benchmarks/results/mqa_split/mqa-split.patch
+    limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_bwd.py tests/test_gpu_varlen.py \
+        -k "uneven or test_defaults" > "$out/${day}_gpu_tests_mqa_split.log" 2>&1
+    echo "mqa-split gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_gpu_tests_mqa_split.log" | tail
+    limit 120 python -m autoflash bench --shapes /tmp/mqa.yaml --mode bwd --out "$out/${day}_mqa_split_bwd.jsonl" 2>&1 |
+        grep -v -i warn | tail -n 6
     ;;
 skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): on a copy of this tree with the patch and
            # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice
