@@ -86,6 +86,38 @@ def test_failed_variants_are_recorded_and_never_chosen(tmp_path):
     assert report.best is not None and report.best.exp == "exp2", "every searched exp variant fails on purpose"
 
 
+def test_no_trial_starts_past_the_deadline(tmp_path, monkeypatch):
+    """A deadline ends the search within its batch: the variants not started by then are neither timed nor
+    recorded, and the one under way finishes. Each variant here takes slow_kernels.SECONDS longer; the first batch
+    (4 variants in the interpreter) would end past the deadline by more than one of them."""
+    import slow_kernels
+
+    log = tmp_path / "starts"
+    monkeypatch.setenv(slow_kernels.LOG_ENV, str(log))
+    store = Store(f"sqlite:///{tmp_path / 'deadline.db'}")
+    with Runner(interpret=True, trial_timeout=60, loader="slow_kernels:load") as runner:
+        deadline = time.monotonic() + 12
+        report = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=20,
+                              seed=0, deadline=deadline, family_names=["tl"])
+        ended = time.monotonic()
+    starts = [float(line) for line in log.read_text().split()]
+    assert starts and max(starts) < deadline + 0.25, [s - deadline for s in starts]  # (the worker notes it at once)
+    assert ended < deadline + slow_kernels.SECONDS + 2, ended - deadline  # the trial under way: SECONDS and a run
+    assert store.count_trials() == report.trials == len(starts)
+
+
+def test_a_variant_started_compiling_by_the_deadline_is_timed_and_none_starts_after_it(tmp_path, monkeypatch):
+    """With compile workers (as on a GPU), a variant a compile worker started by the deadline is checked and timed
+    after it; the others are not run (None)."""
+    import slow_kernels
+
+    monkeypatch.setenv(slow_kernels.LOG_ENV, str(tmp_path / "starts"))
+    variants = [FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=stages) for stages in (2, 3, 4)]
+    with Runner(interpret=True, compile_workers=1, trial_timeout=60, loader="slow_kernels:load") as runner:
+        outcomes = runner.run(TINY, variants, deadline=time.monotonic() + 1)
+    assert outcomes[0].status == "ok" and outcomes[0].median_ms > 0 and outcomes[1:] == [None, None]
+
+
 def _count_until(url, n, proc, timeout=240):
     store, start = Store(url), time.monotonic()
     while store.count_trials() < n:

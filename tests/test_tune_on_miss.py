@@ -25,7 +25,8 @@ from autoflash.reference import attention_reference
 from autoflash.tune import on_miss
 
 # Each process calls attention on (1, 2, SEQLEN_Q, 32) fp16 causal queries against 33 keys, then again with out=
-# (a new call signature of the same problem), and prints what it ran as JSON.
+# (a new call signature of the same problem), and prints what it ran as JSON. On-miss searches TRIALS variants of
+# each family at most.
 RANK = '''
 import json, sys, time
 import torch
@@ -34,9 +35,11 @@ from autoflash.db.store import Store
 from autoflash.gpu import INTERPRETER
 from autoflash.problem import Problem
 from autoflash.reference import attention_reference
+from autoflash.tune import on_miss
 
 
 def main():
+    on_miss.TRIALS = int(sys.argv[2])
     torch.manual_seed(0)
     q = torch.randn(1, 2, int(sys.argv[1]), 32, dtype=torch.float16)
     k, v = torch.randn(1, 1, 33, 32, dtype=torch.float16), torch.randn(1, 1, 33, 32, dtype=torch.float16)
@@ -57,6 +60,11 @@ def main():
 if __name__ == "__main__":
     main()
 '''
+
+
+# Searches that their trials end, in seconds, not the budget: in the interpreter the search's setup (the SDPA
+# baseline, each family's space) takes seconds of it, more on a loaded machine.
+FEW_TRIALS, BUDGET_S = 4, 60
 
 
 @pytest.fixture
@@ -115,8 +123,9 @@ def test_a_failing_tuner_warns_once_and_runs_the_fallback(fresh, tmp_path):
     assert len(said) == 1 and "b1 h2/1 s25/33" in said[0], [str(w.message) for w in caught]
 
 
-def test_configured_the_first_forward_and_backward_tune_into_the_named_database(fresh, tmp_path):
-    autoflash.configure(tune="on-miss", budget_s=1, db=tmp_path / "mine.db")
+def test_configured_the_first_forward_and_backward_tune_into_the_named_database(fresh, tmp_path, monkeypatch):
+    monkeypatch.setattr(on_miss, "TRIALS", FEW_TRIALS)
+    autoflash.configure(tune="on-miss", budget_s=BUDGET_S, db=tmp_path / "mine.db")
     q, k, v = (t.float().requires_grad_() for t in inputs(23))
     out = autoflash.attention(q, k, v, causal=True)
     store = Store(str(tmp_path / "mine.db"))
@@ -148,12 +157,45 @@ def test_configure_refuses_bad_settings_by_name(fresh, monkeypatch):
         on_miss.settings()
 
 
-def start_rank(tmp_path, seqlen_q: int, budget_s: float) -> subprocess.Popen:
+def test_on_a_large_host_a_few_compile_workers_start_and_the_budget_counts_once_they_are_up(fresh, tmp_path,
+                                                                                           monkeypatch):
+    """On 64 cores on-miss starts COMPILE_WORKERS compile workers, not 63 (each a process importing torch, the
+    search's batch as wide as their pool); the search's deadline is the budget from when they are ready."""
+    from autoflash.tune import runner as runners, tuner
+
+    started, ready, given = [], [], {}
+
+    class Starting:  # a worker that starts at once, and runs nothing
+        def __init__(self, role, args):
+            started.append(role)
+
+        def wait_ready(self):
+            ready.append(time.monotonic())
+
+        def close(self):
+            pass
+
+    def tune_problem(problem, *, runner, direction, deadline, **options):
+        given.update(compilers=len(runner.compilers), deadline=deadline)
+        return tuner.Report(problem, direction, None, None, None, trials=0, failures=0, wall_s=0.0)
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(on_miss.gpus, "interpreting", lambda: False)
+    monkeypatch.setattr(runners, "_Worker", Starting)
+    monkeypatch.setattr(tuner, "tune_problem", tune_problem)
+    store = Store(str(tmp_path / "user.db"))
+    on_miss._tune(store, Problem(1, 2, 1, 40, 33, 32, True, "float16"), INTERPRETER, "fwd", budget_s=10)
+    store.close()
+    assert started.count("compile") == given["compilers"] == on_miss.COMPILE_WORKERS < 63
+    assert given["deadline"] >= max(ready) + 10
+
+
+def start_rank(tmp_path, seqlen_q: int, budget_s: float, trials: int = on_miss.TRIALS) -> subprocess.Popen:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     env = {**os.environ, "AUTOFLASH_TUNE": "1", "AUTOFLASH_TUNE_BUDGET_S": str(budget_s),
            urls.DB_ENV: str(tmp_path / "user.db"), "TRITON_INTERPRET": "1"}
-    return subprocess.Popen([sys.executable, str(script), str(seqlen_q)], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(script), str(seqlen_q), str(trials)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -166,7 +208,7 @@ def finish(rank: subprocess.Popen, timeout: float = 300) -> dict:
 
 
 def test_ranks_started_at_once_one_tunes_all_run_its_choice_and_later_processes_read_it(tmp_path):
-    ranks = [start_rank(tmp_path, 40, budget_s=1) for _ in range(3)]
+    ranks = [start_rank(tmp_path, 40, BUDGET_S, FEW_TRIALS) for _ in range(3)]
     results = [finish(rank) for rank in ranks]
     for result in results:
         print(result)
@@ -180,7 +222,7 @@ def test_ranks_started_at_once_one_tunes_all_run_its_choice_and_later_processes_
     assert store.count_trials() == recorded
     store.close()
 
-    later = finish(start_rank(tmp_path, 40, budget_s=1))
+    later = finish(start_rank(tmp_path, 40, BUDGET_S, FEW_TRIALS))
     assert later["on_miss"] == "" and later["knobs"] == results[0]["knobs"] and later["trials"] == [recorded] * 2
 
 

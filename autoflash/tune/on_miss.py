@@ -1,7 +1,11 @@
 """Tune on first use, opt-in: `autoflash.configure(tune="on-miss", budget_s=...)` or AUTOFLASH_TUNE=1
 (AUTOFLASH_TUNE_BUDGET_S). The first call of a problem and direction without an exact tuned record runs a search
-bounded by the budget (compiling in worker processes, autoflash/tune/runner.py), records every trial in the user
-database, and dispatch then reads the databases again; later calls and processes find the record.
+bounded by the budget, records every trial in the user database, and dispatch then reads the databases again; later
+calls and processes find the record. The search compiles in worker processes (autoflash/tune/runner.py), at most
+COMPILE_WORKERS of them, so that they start in seconds on any host; the budget counts from then on, for all kernel
+families together (its setup included: the SDPA baseline, each family's space): no trial starts after it, and those
+started finish (seconds: compiled in parallel, then checked and timed one by one). So the first call waits the
+workers' start, the budget and the last trials.
 
 One choice per job. Data-parallel ranks must run the same variant of a problem, or their results differ
 numerically; so a rank never times on its own. The first process to reach an untuned problem claims it in the
@@ -28,7 +32,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from autoflash import codegen, families, gpu as gpus
+from autoflash import codegen, gpu as gpus
 from autoflash.db.urls import configure_user_db, default_url
 from autoflash.dispatch import Dispatcher
 from autoflash.gpu import Gpu
@@ -40,6 +44,10 @@ DEFAULT_BUDGET_S = 10.0  # seconds of search per problem and direction, all kern
 TRIALS = 60  # per kernel family at most; the budget usually ends the search first
 TRIAL_TIMEOUT_S = 60.0  # one variant's compile, check and timing
 STARTUP_S = 60.0  # the workers' start (importing torch), within a claim's margin
+# The most compile workers on-miss starts (fewer on fewer cores): each is a process importing torch, whose start the
+# first call waits for, and the search's batches are as wide as the pool; a budget of seconds has no use for a worker
+# a core of a large host.
+COMPILE_WORKERS = 8
 POLL_S = 0.5  # how often a waiting process looks whether the claim ended
 
 
@@ -57,9 +65,10 @@ _warned: set[str] = set()
 def configure(*, tune: str | None = None, budget_s: float | None = None, db=None) -> None:
     """Tuning on first use for this process. `tune`: "on-miss" tunes each problem without an exact tuned record at
     its first call (and its backward at its first backward), "off" (the default) never tunes. `budget_s`: seconds
-    of search per problem and direction. `db`: the database to record in and read first (a URL or a SQLite file
-    path; default $AUTOFLASH_DB, else ~/.local/share/autoflash/tuning.db). Call it before the first attention
-    call: a call signature keeps the variant chosen at its first call. Arguments left None stay as they are."""
+    of search per problem and direction, after which no trial starts. `db`: the database to record in and read
+    first (a URL or a SQLite file path; default $AUTOFLASH_DB, else ~/.local/share/autoflash/tuning.db). Call it
+    before the first attention call: a call signature keeps the variant chosen at its first call. Arguments left
+    None stay as they are."""
     global _settings
     current = settings()
     if tune is not None and tune not in MODES:
@@ -160,12 +169,14 @@ def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: f
 def _tune(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float) -> str | None:
     if _has_trials(store, problem, gpu, direction):  # tuned between the first look and the claim
         return None
-    from autoflash.tune.runner import Runner
+    from autoflash.tune.runner import Runner, default_compile_workers
     from autoflash.tune.tuner import tune_problem
 
-    with Runner(interpret=gpus.interpreting(), trial_timeout=TRIAL_TIMEOUT_S) as runner:
+    interpret = gpus.interpreting()
+    with Runner(interpret=interpret, compile_workers=min(COMPILE_WORKERS, default_compile_workers(interpret)),
+                trial_timeout=TRIAL_TIMEOUT_S) as runner:
         report = tune_problem(problem, gpu=gpu, store=store, runner=runner, direction=direction, n_trials=TRIALS,
-                              time_budget=budget_s / len(families.searched(direction)))
+                              deadline=time.monotonic() + budget_s)
     return f"tuned here on first use: {report.trials} trials ({report.failures} failed) in {report.wall_s:.1f} s"
 
 

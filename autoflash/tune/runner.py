@@ -24,6 +24,7 @@ import torch
 from autoflash.families import knobs_from_json
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
+from autoflash.tune import past
 from autoflash.tune.packed import PackedBench
 from autoflash.tune.trial import Bench, Outcome, classify
 
@@ -108,7 +109,7 @@ class _Worker:
     def __init__(self, role: str, args: tuple):
         self.role, self.args = role, args
         self.job: Knobs | None = None
-        self.deadline = 0.0
+        self.times_out_at = 0.0
         self._start()
 
     def _start(self):
@@ -144,7 +145,7 @@ class _Worker:
     def send(self, request, timeout: float):
         self.wait_ready()
         self.conn.send(request)
-        self.deadline = time.monotonic() + timeout
+        self.times_out_at = time.monotonic() + timeout
 
     def release(self):
         """Have the worker free its problem's inputs (a worker that does not answer is replaced)."""
@@ -175,8 +176,13 @@ class _Worker:
         self.stderr.close()
 
 
+def default_compile_workers(interpret: bool) -> int:
+    """One compile worker a core but the tuner's; none in the interpreter, where compiling is running."""
+    return 0 if interpret else max(1, (os.cpu_count() or 2) - 1)
+
+
 class Runner:
-    """Compile, check and time variants; `run` returns one Outcome per variant. The workers live
+    """Compile, check and time variants; `run` returns one Outcome per variant it started. The workers live
     as long as the runner, across problems: start one runner for a whole tuning run."""
 
     def __init__(self, *, interpret: bool, compile_workers: int | None = None, trial_timeout: float = 180.0,
@@ -184,24 +190,29 @@ class Runner:
         self.timeout = trial_timeout
         args = (loader, interpret)
         if compile_workers is None:
-            compile_workers = 0 if interpret else max(1, (os.cpu_count() or 2) - 1)
+            compile_workers = default_compile_workers(interpret)
         self.compilers = [_Worker("compile", args) for _ in range(compile_workers)]
         self.measurer = _Worker("measure", args)
         for worker in (*self.compilers, self.measurer):
             worker.wait_ready()
 
-    def run(self, problem: Problem, variants: list[Knobs], on_outcome=lambda knobs, outcome: None
-            ) -> list[Outcome]:
-        """One outcome per variant (all of one direction); `on_outcome` hears each final one as soon as it is known."""
+    def run(self, problem: Problem, variants: list[Knobs], on_outcome=lambda knobs, outcome: None,
+            deadline: float | None = None) -> list[Outcome | None]:
+        """One outcome per variant (all of one direction), None for a variant not started by `deadline` (a
+        time.monotonic() time: no variant starts after it, one started finishes); `on_outcome` hears each final one
+        as soon as it is known."""
         def compiled(knobs, outcome):
             if outcome.status != "ok":
                 on_outcome(knobs, outcome)
-        outcomes = self._map(self.compilers, problem, variants, compiled) if self.compilers else {}
-        for worker in self.compilers:  # their inputs would crowd the measuring worker's out of the GPU
-            worker.release()
-        to_measure = [k for k in variants if outcomes.get(k, Outcome("ok")).status == "ok"]
-        outcomes.update(self._map([self.measurer], problem, to_measure, on_outcome))
-        return [outcomes[k] for k in variants]
+        if self.compilers:  # they start the variants; each one started is then checked and timed, deadline or not
+            outcomes = self._map(self.compilers, problem, variants, compiled, deadline)
+            for worker in self.compilers:  # their inputs would crowd the measuring worker's out of the GPU
+                worker.release()
+            to_measure = [k for k in variants if k in outcomes and outcomes[k].status == "ok"]
+            outcomes.update(self._map([self.measurer], problem, to_measure, on_outcome, None))
+        else:
+            outcomes = self._map([self.measurer], problem, variants, on_outcome, deadline)
+        return [outcomes.get(k) for k in variants]
 
     def sdpa_ms(self, problem: Problem, direction: str = "fwd") -> float | None:
         """torch SDPA on `problem` (its forward, or its backward alone), timed by the measuring worker;
@@ -215,19 +226,24 @@ class Runner:
             self.measurer.restart()
         return answer if isinstance(answer, float) else None
 
-    def _map(self, workers: list[_Worker], problem: Problem, variants: list[Knobs], on_outcome
-             ) -> dict[Knobs, Outcome]:
-        """Hand variants to idle workers; collect outcomes as they come; replace dead or hung workers."""
+    def _map(self, workers: list[_Worker], problem: Problem, variants: list[Knobs], on_outcome,
+             deadline: float | None) -> dict[Knobs, Outcome]:
+        """Hand variants to idle workers until `deadline`; collect outcomes as they come; replace dead or hung
+        workers. A variant not handed out by the deadline has no outcome."""
         pending, outcomes = list(variants), {}
         busy: dict[object, _Worker] = {}
-        while pending or busy:
+        while True:
+            if past(deadline):
+                pending.clear()
             for worker in workers:
                 if pending and worker.job is None:
                     worker.job = pending.pop(0)
                     worker.send(("trial", problem, worker.job.DIRECTION, worker.job.to_json()), self.timeout)
                     busy[worker.conn] = worker
-            next_deadline = min(w.deadline for w in busy.values())
-            for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
+            if not busy:
+                return outcomes
+            first_timeout = min(w.times_out_at for w in busy.values())
+            for conn in wait(list(busy), timeout=max(0.0, first_timeout - time.monotonic())):
                 worker = busy.pop(conn)
                 try:
                     outcome = conn.recv()
@@ -243,13 +259,12 @@ class Runner:
                     worker.restart()
             now = time.monotonic()
             for conn, worker in list(busy.items()):
-                if worker.deadline <= now:
+                if worker.times_out_at <= now:
                     del busy[conn]
                     outcomes[worker.job] = Outcome("timeout", error=f"no result within {self.timeout:.0f} s")
                     on_outcome(worker.job, outcomes[worker.job])
                     worker.job = None
                     worker.restart()
-        return outcomes
 
     def close(self):
         for worker in (*self.compilers, self.measurer):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import optuna
 
-from autoflash.tune import SAMPLERS
+from autoflash.tune import SAMPLERS, past
 
 Point = dict[str, object]
 NOT_RUN = object()  # evaluate's answer for a point it did not evaluate
@@ -35,15 +35,16 @@ def valid_points(space: dict[str, Sequence], is_valid: Callable[[Point], bool]) 
 
 def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[float | None]], *,
            study_name: str, storage, sampler: str = "tpe", seed: int | None = None, n_trials: int = 50,
-           time_budget: float | None = None, warm_start: Sequence[Point] = (),
+           time_budget: float | None = None, deadline: float | None = None, warm_start: Sequence[Point] = (),
            is_valid: Callable[[Point], bool] = lambda p: True, batch_size: int = 8,
            known: Sequence[tuple[Point, float | None]] = (),
            on_trial: Callable[[Point, float | None], None] = lambda p, v: None) -> optuna.Study:
     """Run the study `study_name` until it holds `n_trials` distinct evaluated points (earlier runs
-    count, so an interrupted search resumes), the budget of seconds is spent, or no new point turns
-    up (the valid space is spent; a converged sampler is helped by random unseen points). A point proposed again is told its
-    known cost; it does not count as a new trial. `known` points (evaluated before, by any process)
-    join the study first, so that they count and TPE learns from them."""
+    count, so an interrupted search resumes), the budget of seconds is spent or the `deadline` (a time.monotonic()
+    time) comes (no batch is asked for after either), or no new point turns up (the valid space is spent; a
+    converged sampler is helped by random unseen points). A point proposed again is told its known cost; it does
+    not count as a new trial. `known` points (evaluated before, by any process) join the study first, so that they
+    count and TPE learns from them."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=study_name, storage=storage, sampler=make_sampler(sampler, seed),
                                 direction="minimize", load_if_exists=True)
@@ -59,7 +60,7 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
               if t.user_attrs.get("evaluated")}
     start, rng = time.monotonic(), random.Random(seed)
     while len(values) < n_trials:
-        if time_budget is not None and time.monotonic() - start > time_budget:
+        if time_budget is not None and time.monotonic() - start > time_budget or past(deadline):
             break
         size = min(batch_size, n_trials - len(values))
         if grid is not None:  # the first points of the grid not yet evaluated, whatever earlier runs left undone

@@ -21,6 +21,7 @@ from autoflash.families.base import KernelFamily
 from autoflash.gpu import Gpu
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
+from autoflash.tune import past
 from autoflash.tune.runner import Runner
 from autoflash.tune.search import NOT_RUN, restricted_space, search
 
@@ -137,21 +138,24 @@ CLAIM_POLL_S = 0.5  # how often a tuner looks for the results of variants anothe
 
 
 def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, direction: str = "fwd",
-                 sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None, seed: int | None = None,
+                 sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None,
+                 deadline: float | None = None, seed: int | None = None,
                  on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None,
                  family_names: list[str] | None = None) -> Report:
     """Search `direction` variants of each of `family_names` (default: every family the tuner searches) for
     `problem` (`n_trials` per family) and record every trial. Trials already in the store count toward `n_trials`
     (a second run resumes) and are never timed again. A family with no variant that can run the problem is recorded
-    as such."""
+    as such. `time_budget`: seconds per family, after which no batch of trials starts (one under way finishes).
+    `deadline` (a time.monotonic() time): no trial starts after it (those started finish), each family searching an
+    equal share of the time left to it."""
     started = time.monotonic()
     sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     done, empty = {}, {}
     searched = [f for f in families.searched(direction) if family_names is None or f.name in family_names]
-    for family in searched:
+    for families_left, family in zip(range(len(searched), 0, -1), searched):
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
-                                    sampler=sampler, n_trials=n_trials, time_budget=time_budget, seed=seed,
-                                    on_trial=on_trial)
+                                    sampler=sampler, n_trials=n_trials, time_budget=time_budget,
+                                    deadline=_share(deadline, families_left), seed=seed, on_trial=on_trial)
         done |= found
         if why:
             empty[family.name] = why
@@ -171,6 +175,15 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
                   sdpa_ms, trials=len(done), failures=len(done) - len(ok), wall_s=time.monotonic() - started)
 
 
+def _share(deadline: float | None, families_left: int) -> float | None:
+    """When the next of `families_left` families stops searching: after its equal share of the time left to
+    `deadline`."""
+    if deadline is None:
+        return None
+    now = time.monotonic()
+    return now + (deadline - now) / families_left
+
+
 def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, direction: str) -> float | None:
     """SDPA's time on `problem`, timed once per database, GPU family and torch version: read where a tuner
     recorded it (a resumed run; tuners sharing the database, each of which reports every problem), else timed now,
@@ -185,8 +198,8 @@ def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, dir
 
 
 def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,
-                   direction: str, sampler: str, n_trials: int, time_budget: float | None, seed: int | None,
-                   on_trial: Callable[[Knobs, float | None], None]) -> tuple[dict, str | None]:
+                   direction: str, sampler: str, n_trials: int, time_budget: float | None, deadline: float | None,
+                   seed: int | None, on_trial: Callable[[Knobs, float | None], None]) -> tuple[dict, str | None]:
     """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new, and why no
     variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]
@@ -203,13 +216,14 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
 
     def evaluate(points):
         """Time the points no tuner has timed, as many as the store lets this one claim; wait for those another
-        tuner is timing; NOT_RUN for the rest (n_trials are timed or being timed)."""
+        tuner is timing; NOT_RUN for the rest (n_trials are timed or being timed, or the deadline came)."""
         wanted = [knobs_class(**p).to_json() for p in points]
-        while todo := [k for k in dict.fromkeys(wanted) if k not in done]:
+        while (todo := [k for k in dict.fromkeys(wanted) if k not in done]) and not past(deadline):
             mine, theirs = store.claim(gpu, problem, fingerprint, direction, todo, n_trials)
             if mine:
                 try:
-                    runner.run(problem, [knobs_class.from_json(k) for k in mine], on_outcome=record)
+                    runner.run(problem, [knobs_class.from_json(k) for k in mine], on_outcome=record,
+                               deadline=deadline)
                 finally:
                     store.release_claims()
             elif not theirs:
@@ -234,6 +248,6 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
     search(valid_space, evaluate, study_name=study_name(gpu, problem, family.name, direction),
            storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials, time_budget=time_budget,
-           warm_start=warm, is_valid=is_valid, batch_size=max(4, len(runner.compilers)), known=known,
-           on_trial=lambda p, v: on_trial(knobs_class(**p), v))
+           deadline=deadline, warm_start=warm, is_valid=is_valid, batch_size=max(4, len(runner.compilers)),
+           known=known, on_trial=lambda p, v: on_trial(knobs_class(**p), v))
     return done, None
