@@ -66,9 +66,9 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
 #   . .device/setup.sh && bash benchmarks/multi_gpu_tune.sh   $OUT   # a campaign on 1 GPU and on 2 (issue 19)
-# Logs and JSON lines land in $OUT (the device tool brings them back); copy what NOTES cite to benchmarks/results/.
-# A machine may be a fresh one at every call: after fwd and after bwd, copy the returned h100.db over
-# tuning_db/h100.db here before the next step (bwd retunes on top of fwd's records; bench reads both).
+# Logs and JSON lines land in $OUT, named by the GPU family (the device tool brings them back); copy what NOTES cite
+# to benchmarks/results/. A machine may be a fresh one at every call: after fwd and after bwd, copy the returned
+# <gpu family>.db over tuning_db/ here before the next step (bwd retunes on top of fwd's records; bench reads both).
 set -uo pipefail
 step=$1 out=$2
 
@@ -89,37 +89,38 @@ patched_copy() {  # patched_copy NAME PATCH: continue in /tmp/NAME, a copy of th
 }
 knob_tests() {  # knob_tests NAME KEYWORDS: the Gluon forward's and the packed forward's GPU tests that -k KEYWORDS selects
     limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_fwd.py tests/test_gpu_varlen.py \
-        -k "$2" > "$out/${day}_h100_gpu_tests_$1.log" 2>&1
-    echo "$1 gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_$1.log" | tail
+        -k "$2" > "$out/${day}_${gpu}_gpu_tests_$1.log" 2>&1
+    echo "$1 gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_$1.log" | tail
 }
 bwd_knob() {  # bwd_knob KNOB BENCH: the Gluon backward's GPU tests that turn KNOB on, then KNOB beside the default
                # on benchmarks/gluon_bwd.py's BENCH cells: per-cell ratios and their geomean
-    local knob=$1 bench=$2 rows="$out/${day}_h100_gluon_bwd_$1.jsonl" tests
+    local knob=$1 bench=$2 rows="$out/${day}_${gpu}_gluon_bwd_$1.jsonl" tests
     mapfile -t tests < <(python -m pytest -q --collect-only -m gpu tests/test_gluon_bwd.py -p no:cacheprovider \
         | grep -e "$knob=True" -e "::test_$knob")
     limit 200 python -m pytest -q -m gpu -n 16 -p no:cacheprovider "${tests[@]}" \
-        > "$out/${day}_h100_gpu_tests_gluon_bwd_$knob.log" 2>&1
-    echo "$knob tests (${#tests[@]}) rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_bwd_$knob.log"
+        > "$out/${day}_${gpu}_gpu_tests_gluon_bwd_$knob.log" 2>&1
+    echo "$knob tests (${#tests[@]}) rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_gluon_bwd_$knob.log"
     limit 320 python benchmarks/gluon_bwd.py --bench "$bench" --out "$rows" --variants "[\"default\", {\"$knob\": true}]" \
-        > "$out/${day}_h100_gluon_bwd_$knob.log" 2>&1
-    echo "$knob bench rc $?"; cat "$out/${day}_h100_gluon_bwd_$knob.log"
+        > "$out/${day}_${gpu}_gluon_bwd_$knob.log" 2>&1
+    echo "$knob bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_$knob.log"
     python benchmarks/knob_ratio.py "$rows" "$knob"
 }
 reap  # a warm machine may still hold the last call's orphans
 mkdir -p "$out"
 day=$(date +%F)
+gpu=$(python -c "from autoflash.gpu import current; print(current().family)")  # (its database, the file names)
 case $step in
 check)
-    python -m pytest -q -m gpu -n 16 --ignore=tests/test_gpu_large.py > "$out/${day}_h100_gpu_tests.log" 2>&1
-    echo "gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests.log"
-    python benchmarks/gluon_fwd.py --check > "$out/${day}_h100_gluon_check.log" 2>&1
-    echo "gluon sweep rc $?"; grep -c "^ok" "$out/${day}_h100_gluon_check.log"; grep FAIL "$out/${day}_h100_gluon_check.log" | head
+    python -m pytest -q -m gpu -n 16 --ignore=tests/test_gpu_large.py > "$out/${day}_${gpu}_gpu_tests.log" 2>&1
+    echo "gpu tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests.log"
+    python benchmarks/gluon_fwd.py --check > "$out/${day}_${gpu}_gluon_check.log" 2>&1
+    echo "gluon sweep rc $?"; grep -c "^ok" "$out/${day}_${gpu}_gluon_check.log"; grep FAIL "$out/${day}_${gpu}_gluon_check.log" | head
     ;;
 gluon)
-    python benchmarks/gluon_fwd.py --bench fa_grid_fp16 --out "$out/${day}_h100_gluon_dynamic_g6.jsonl" \
+    python benchmarks/gluon_fwd.py --bench fa_grid_fp16 --out "$out/${day}_${gpu}_gluon_dynamic_g6.jsonl" \
         --variants '["default", {"default": true, "persistent": true, "dynamic": true}]' \
-        > "$out/${day}_h100_gluon_dynamic_g6.log" 2>&1
-    echo "gluon bench rc $?"; cat "$out/${day}_h100_gluon_dynamic_g6.log"
+        > "$out/${day}_${gpu}_gluon_dynamic_g6.log" 2>&1
+    echo "gluon bench rc $?"; cat "$out/${day}_${gpu}_gluon_dynamic_g6.log"
     ;;
 fwd|bwd)  # warm-started from the shipped winners (the tuner tries them first); rows already merged are not copied twice
     db=/tmp/retune_$step.db
@@ -128,52 +129,52 @@ fwd|bwd)  # warm-started from the shipped winners (the tuner tries them first); 
     [ "$step" = fwd ] && files="$files odd_shapes gqa small_batch"
     # stopped with SIGINT before the device's 10-minute limit: the tuner saves what it finished, the merge runs
     limit -s INT "${RETUNE_S:-470}" bash benchmarks/retune.sh "$step" "$files" "$db" "${TRIALS:-2}" \
-        > "$out/${day}_h100_retune_$step.log" 2>&1
-    python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
-    cp tuning_db/h100.db "$out/h100.db"
-    tail -n 40 "$out/${day}_h100_retune_$step.log"
+        > "$out/${day}_${gpu}_retune_$step.log" 2>&1
+    python -m autoflash merge --into tuning_db/$gpu.db "$db" --current-only --standalone
+    cp tuning_db/$gpu.db "$out/$gpu.db"
+    tail -n 40 "$out/${day}_${gpu}_retune_$step.log"
     ;;
 bench)
     for mode in fwd bwd; do
         python -m autoflash bench --shapes examples/fa_grid.yaml --mode "$mode" \
-            --out "$out/${day}_h100_bench_fa_grid_${mode}.jsonl" > "$out/${day}_h100_bench_fa_grid_${mode}.log" 2>&1
-        echo "bench $mode rc $?"; tail -n 30 "$out/${day}_h100_bench_fa_grid_${mode}.log"
+            --out "$out/${day}_${gpu}_bench_fa_grid_${mode}.jsonl" > "$out/${day}_${gpu}_bench_fa_grid_${mode}.log" 2>&1
+        echo "bench $mode rc $?"; tail -n 30 "$out/${day}_${gpu}_bench_fa_grid_${mode}.log"
     done
     ;;
 varlen)
-    python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py > "$out/${day}_h100_gpu_tests_varlen.log" 2>&1
-    echo "varlen gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_varlen.log"
-    python benchmarks/varlen.py --out "$out/${day}_h100_varlen.jsonl" > "$out/${day}_h100_varlen.log" 2>&1
-    echo "varlen bench rc $?"; cat "$out/${day}_h100_varlen.log"
-    python benchmarks/kvcache_decode.py --out "$out/${day}_h100_kvcache_decode.jsonl" \
-        > "$out/${day}_h100_kvcache_decode.log" 2>&1
-    echo "kvcache bench rc $?"; cat "$out/${day}_h100_kvcache_decode.log"
+    python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py > "$out/${day}_${gpu}_gpu_tests_varlen.log" 2>&1
+    echo "varlen gpu tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_varlen.log"
+    python benchmarks/varlen.py --out "$out/${day}_${gpu}_varlen.jsonl" > "$out/${day}_${gpu}_varlen.log" 2>&1
+    echo "varlen bench rc $?"; cat "$out/${day}_${gpu}_varlen.log"
+    python benchmarks/kvcache_decode.py --out "$out/${day}_${gpu}_kvcache_decode.jsonl" \
+        > "$out/${day}_${gpu}_kvcache_decode.log" 2>&1
+    echo "kvcache bench rc $?"; cat "$out/${day}_${gpu}_kvcache_decode.log"
     ;;
 gbwd)  # each part under its own limit: a hung kernel (an mbarrier phase wrong) costs only its part
     limit 200 python -m pytest -q -m gpu -n 16 tests/test_attention_variants.py tests/test_gpu_varlen.py \
-        > "$out/${day}_h100_gpu_tests_variants_varlen.log" 2>&1
-    echo "variants/varlen gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_variants_varlen.log"
-    limit 90 python benchmarks/gluon_bwd.py --check --every 4 > "$out/${day}_h100_gluon_bwd_check.log" 2>&1
-    echo "gluon bwd check rc $?"; grep -c "^ok" "$out/${day}_h100_gluon_bwd_check.log"
-    grep -v "^ok" "$out/${day}_h100_gluon_bwd_check.log" | tail -n 15
-    limit 150 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py > "$out/${day}_h100_gpu_tests_gluon_bwd.log" 2>&1
-    echo "gluon bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_bwd.log" | tail
+        > "$out/${day}_${gpu}_gpu_tests_variants_varlen.log" 2>&1
+    echo "variants/varlen gpu tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_variants_varlen.log"
+    limit 90 python benchmarks/gluon_bwd.py --check --every 4 > "$out/${day}_${gpu}_gluon_bwd_check.log" 2>&1
+    echo "gluon bwd check rc $?"; grep -c "^ok" "$out/${day}_${gpu}_gluon_bwd_check.log"
+    grep -v "^ok" "$out/${day}_${gpu}_gluon_bwd_check.log" | tail -n 15
+    limit 150 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py > "$out/${day}_${gpu}_gpu_tests_gluon_bwd.log" 2>&1
+    echo "gluon bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_gluon_bwd.log" | tail
     limit -s INT "${BENCH_S:-120}" python benchmarks/gluon_bwd.py --bench fa_grid \
         --variants '["default", {"block_n": 128, "warpgroups": 2}, {"num_buffers": 3}]' \
-        --out "$out/${day}_h100_gluon_bwd_bench.jsonl" > "$out/${day}_h100_gluon_bwd_bench.log" 2>&1
-    echo "gluon bwd bench rc $?"; cat "$out/${day}_h100_gluon_bwd_bench.log" | tail -n 30
+        --out "$out/${day}_${gpu}_gluon_bwd_bench.jsonl" > "$out/${day}_${gpu}_gluon_bwd_bench.log" 2>&1
+    echo "gluon bwd bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_bench.log" | tail -n 30
     ;;
 gluon-variants)  # the Gluon backward's window/softcap/ALiBi, tests then speed (G-bwd15)
     limit 300 python -m pytest -q -m gpu -n 8 tests/test_gluon_bwd.py -k window_softcap_alibi \
-        tests/test_attention_variants.py -p no:cacheprovider > "$out/${day}_h100_gpu_tests_gluon_variants.log" 2>&1
-    echo "gluon variant tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_variants.log"
-    limit 280 python benchmarks/variants.py --out "$out/${day}_h100_variants_gluon_bwd.jsonl" \
-        > "$out/${day}_h100_variants_gluon_bwd.log" 2>&1
-    echo "variants bench rc $?"; grep -v Warning "$out/${day}_h100_variants_gluon_bwd.log"
+        tests/test_attention_variants.py -p no:cacheprovider > "$out/${day}_${gpu}_gpu_tests_gluon_variants.log" 2>&1
+    echo "gluon variant tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_gluon_variants.log"
+    limit 280 python benchmarks/variants.py --out "$out/${day}_${gpu}_variants_gluon_bwd.jsonl" \
+        > "$out/${day}_${gpu}_variants_gluon_bwd.log" 2>&1
+    echo "variants bench rc $?"; grep -v Warning "$out/${day}_${gpu}_variants_gluon_bwd.log"
     ;;
 variants)
-    python benchmarks/variants.py --out "$out/${day}_h100_variants.jsonl" > "$out/${day}_h100_variants.log" 2>&1
-    echo "variants bench rc $?"; cat "$out/${day}_h100_variants.log" | grep -v Warning
+    python benchmarks/variants.py --out "$out/${day}_${gpu}_variants.jsonl" > "$out/${day}_${gpu}_variants.log" 2>&1
+    echo "variants bench rc $?"; cat "$out/${day}_${gpu}_variants.log" | grep -v Warning
     ;;
 sweeps)
     limit 200 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py tests/test_varlen.py \
@@ -188,12 +189,12 @@ sweeps)
 variant-knobs)  # the tl forward's d128 default spills under triton 3.6 (NOTES 53): 8 warps beside it
     python benchmarks/variants.py --cases 'causal window 4096,causal softcap,causal alibi,full softcap,documents' \
         --knobs '[{}, {"num_warps": 8}, {"num_warps": 8, "num_stages": 3}, {"block_n": 128, "num_warps": 8}]' \
-        --out "$out/${day}_h100_variants_knobs.jsonl" 2>&1 | grep -v Warn
+        --out "$out/${day}_${gpu}_variants_knobs.jsonl" 2>&1 | grep -v Warn
     ;;
 varlen-tma)  # packed sequences through device descriptors per sequence (NOTES 55): tests, then beside pointers
-    limit 200 python -m pytest -q -m gpu -n 6 tests/test_gpu_varlen.py > "$out/${day}_h100_gpu_tests_varlen_tma.log" 2>&1
-    echo "varlen gpu tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_varlen_tma.log"
-    python benchmarks/varlen.py --out "$out/${day}_h100_varlen_tma.jsonl" --knobs '[{}, {"num_warps": 8},
+    limit 200 python -m pytest -q -m gpu -n 6 tests/test_gpu_varlen.py > "$out/${day}_${gpu}_gpu_tests_varlen_tma.log" 2>&1
+    echo "varlen gpu tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_varlen_tma.log"
+    python benchmarks/varlen.py --out "$out/${day}_${gpu}_varlen_tma.jsonl" --knobs '[{}, {"num_warps": 8},
         {"loads": "tma", "num_warps": 8}, {"loads": "tma", "num_warps": 8, "num_stages": 3},
         {"loads": "tma", "block_n": 128, "num_warps": 8}]' 2>&1 | grep -v Warn
     ;;
@@ -210,7 +211,7 @@ holdout)  # issue 18: dispatch's fallback on examples/holdout.yaml (no database 
     echo "holdout rc $?"; grep -v Warn "$out/${day}_${family}_holdout_wheel.log" | tail -n 60
     ;;
 on-miss)  # issue 18: tune on first use, three problems nobody tuned (first call's time, speed before and after)
-    limit -s INT 560 python benchmarks/on_miss.py --budget-s "${BUDGET_S:-45}" --out "$out/${day}_h100_on_miss.jsonl" \
+    limit -s INT 560 python benchmarks/on_miss.py --budget-s "${BUDGET_S:-45}" --out "$out/${day}_${gpu}_on_miss.jsonl" \
         2>&1 | grep -v Warn
     ;;
 bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): the points that do not, beside them
@@ -218,13 +219,13 @@ bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): 
         {"family": "tl", "block_m": 32, "block_n": 128, "num_warps": 8, "num_stages": 3, "causal_split": false},
         {"family": "tl", "block_m": 32, "block_n": 128, "num_warps": 8, "num_stages": 4, "causal_split": false},
         {"family": "tl", "block_m": 16, "block_n": 128, "num_warps": 8, "num_stages": 4, "causal_split": false}]' \
-        --out "$out/${day}_h100_tl_bwd_knobs.jsonl" > "$out/${day}_h100_tl_bwd_knobs.log" 2>&1
-    echo "tl bwd knobs rc $?"; tail -n 50 "$out/${day}_h100_tl_bwd_knobs.log"
+        --out "$out/${day}_${gpu}_tl_bwd_knobs.jsonl" > "$out/${day}_${gpu}_tl_bwd_knobs.log" 2>&1
+    echo "tl bwd knobs rc $?"; tail -n 50 "$out/${day}_${gpu}_tl_bwd_knobs.log"
     ;;
 dq-writer)  # dQ's tiles added by a warp of their own, beside the default (NOTES G-bwd16)
-    limit 500 python benchmarks/gluon_bwd.py --bench fa_grid_fp16 --out "$out/${day}_h100_gluon_bwd_dq_writer.jsonl" \
-        --variants '["default", {"dq_writer": true}]' > "$out/${day}_h100_gluon_bwd_dq_writer.log" 2>&1
-    echo "dq writer bench rc $?"; cat "$out/${day}_h100_gluon_bwd_dq_writer.log"
+    limit 500 python benchmarks/gluon_bwd.py --bench fa_grid_fp16 --out "$out/${day}_${gpu}_gluon_bwd_dq_writer.jsonl" \
+        --variants '["default", {"dq_writer": true}]' > "$out/${day}_${gpu}_gluon_bwd_dq_writer.log" 2>&1
+    echo "dq writer bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_dq_writer.log"
     ;;
 bwd-causal-short)  # dq_turns (NOTES G-bwd20): its GPU tests, then beside the default on the fp16 grid's d64 cells
     bwd_knob dq_turns d64
@@ -234,27 +235,27 @@ bwd-d128)  # dv_late (NOTES G-bwd21): its GPU tests, then beside the default on 
     ;;
 gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much
     limit 240 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py -p no:cacheprovider \
-        > "$out/${day}_h100_gpu_tests_gluon_bwd_gqa.log" 2>&1
-    echo "gluon bwd tests rc $?"; tail -3 "$out/${day}_h100_gpu_tests_gluon_bwd_gqa.log"
-    limit 240 python benchmarks/gluon_bwd.py --bench gqa_causal --out "$out/${day}_h100_gluon_bwd_group_splits.jsonl" \
+        > "$out/${day}_${gpu}_gpu_tests_gluon_bwd_gqa.log" 2>&1
+    echo "gluon bwd tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_gluon_bwd_gqa.log"
+    limit 240 python benchmarks/gluon_bwd.py --bench gqa_causal --out "$out/${day}_${gpu}_gluon_bwd_group_splits.jsonl" \
         --variants '["default", {"group_splits": 2}, {"group_splits": 4}, {"group_splits": 8}]' \
-        > "$out/${day}_h100_gluon_bwd_group_splits.log" 2>&1
-    echo "group_splits bench rc $?"; cat "$out/${day}_h100_gluon_bwd_group_splits.log"
-    limit 60 python benchmarks/overhead.py --out "$out/${day}_h100_overhead_bwd_gqa.jsonl"
+        > "$out/${day}_${gpu}_gluon_bwd_group_splits.log" 2>&1
+    echo "group_splits bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_group_splits.log"
+    limit 60 python benchmarks/overhead.py --out "$out/${day}_${gpu}_overhead_bwd_gqa.jsonl"
     ;;
 bwd-all)  # every shipped backward file retuned on the current templates (a gluon backward template or launcher
           # change makes its records stale: NOTES G-bwd7, G-bwd8), merged, then the three benches of issue 15
     db=/tmp/retune_bwd_all.db
     rm -f "$db" "${db%.db}.stderr"
     limit -s INT "${RETUNE_S:-380}" bash benchmarks/retune.sh bwd "fa_grid fa_grid_bf16 gqa odd_shapes bwd_spread" \
-        "$db" "${TRIALS:-2}" > "$out/${day}_h100_retune_bwd_all.log" 2>&1
-    python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
-    cp tuning_db/h100.db "$out/h100.db"
-    grep -v "it/s\]" "${db%.db}.stderr" | tail -n 200 > "$out/${day}_h100_retune_bwd_all.stderr"
-    grep " rc " "$out/${day}_h100_retune_bwd_all.log"
+        "$db" "${TRIALS:-2}" > "$out/${day}_${gpu}_retune_bwd_all.log" 2>&1
+    python -m autoflash merge --into tuning_db/$gpu.db "$db" --current-only --standalone
+    cp tuning_db/$gpu.db "$out/$gpu.db"
+    grep -v "it/s\]" "${db%.db}.stderr" | tail -n 200 > "$out/${day}_${gpu}_retune_bwd_all.stderr"
+    grep " rc " "$out/${day}_${gpu}_retune_bwd_all.log"
     for f in fa_grid bwd_spread odd_shapes; do
         limit 60 python -m autoflash bench --shapes "examples/$f.yaml" --mode bwd \
-            --out "$out/${day}_h100_bench_${f}_bwd.jsonl" > "$out/${day}_h100_bench_${f}_bwd.log" 2>&1
+            --out "$out/${day}_${gpu}_bench_${f}_bwd.jsonl" > "$out/${day}_${gpu}_bench_${f}_bwd.log" 2>&1
         echo "bench $f rc $?"
     done
     ;;
@@ -263,73 +264,73 @@ deep-bwd|deep-fwd)  # NOTES 60: the records hold 2-4 trials a family (the defaul
     # SHAPES=examples/fa_grid_bf16.yaml for the bf16 grid; BENCH=0 to search only (a call's time is short)
     mode=${step#deep-} shapes=${SHAPES:-examples/fa_grid.yaml} db=/tmp/deep_$mode.db
     name=$(basename "$shapes" .yaml)_$mode
-    [ -f "$db" ] || cp tuning_db/h100.db "$db"
-    limit -s INT "${RETUNE_S:-400}" python -m autoflash tune --gpu h100 --mode "$mode" --shapes "$shapes" \
-        --trials "${TRIALS:-10}" --db "$db" > "$out/${day}_h100_deep_$name.log" 2>&1
-    echo "deep $name tune rc $?"; tail -n 30 "$out/${day}_h100_deep_$name.log"
-    python -m autoflash merge --into tuning_db/h100.db "$db" --current-only --standalone
-    cp tuning_db/h100.db "$out/h100.db"
+    [ -f "$db" ] || cp tuning_db/$gpu.db "$db"
+    limit -s INT "${RETUNE_S:-400}" python -m autoflash tune --gpu "$gpu" --mode "$mode" --shapes "$shapes" \
+        --trials "${TRIALS:-10}" --db "$db" > "$out/${day}_${gpu}_deep_$name.log" 2>&1
+    echo "deep $name tune rc $?"; tail -n 30 "$out/${day}_${gpu}_deep_$name.log"
+    python -m autoflash merge --into tuning_db/$gpu.db "$db" --current-only --standalone
+    cp tuning_db/$gpu.db "$out/$gpu.db"
     [ "${BENCH:-1}" = 0 ] && exit 0
     limit 120 python -m autoflash bench --shapes "$shapes" --mode "$mode" \
-        --out "$out/${day}_h100_bench_${name}_deep.jsonl" > "$out/${day}_h100_bench_${name}_deep.log" 2>&1
-    echo "bench rc $?"; tail -n 28 "$out/${day}_h100_bench_${name}_deep.log"
+        --out "$out/${day}_${gpu}_bench_${name}_deep.jsonl" > "$out/${day}_${gpu}_bench_${name}_deep.log" 2>&1
+    echo "bench rc $?"; tail -n 28 "$out/${day}_${gpu}_bench_${name}_deep.log"
     ;;
 gluon-varlen)  # branch gfwd-varlen: the Gluon forward's VARLEN gate (NOTES V3), correctness first
     limit 240 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py -k "not gluon_varlen_backward" -p no:cacheprovider \
-        > "$out/${day}_h100_gpu_tests_gluon_varlen.log" 2>&1
-    echo "varlen gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_varlen.log" | tail
-    limit 240 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_gluon.jsonl" \
+        > "$out/${day}_${gpu}_gpu_tests_gluon_varlen.log" 2>&1
+    echo "varlen gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_gluon_varlen.log" | tail
+    limit 240 python benchmarks/varlen.py --out "$out/${day}_${gpu}_varlen_gluon.jsonl" \
         --knobs '[{}, {"family": "gluon", "default": true}, {"family": "gluon", "default": true, "q_buffers": 1}]' \
         2>&1 | grep -v Warn
     ;;
 gluon-varlen-bwd)  # branch gbwd-varlen: the Gluon backward's VARLEN gate (NOTES V4), correctness first; then
     # fwd+bwd with the backward dispatched (untuned on Hopper: the Gluon default), forced to Gluon's default, to tl's
     limit 300 python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py -p no:cacheprovider \
-        -k "gluon_varlen_backward or varlen_forward_backward" > "$out/${day}_h100_gpu_tests_gluon_varlen_bwd.log" 2>&1
-    echo "varlen bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_varlen_bwd.log" | tail
-    limit 240 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_gluon_bwd.jsonl" \
+        -k "gluon_varlen_backward or varlen_forward_backward" > "$out/${day}_${gpu}_gpu_tests_gluon_varlen_bwd.log" 2>&1
+    echo "varlen bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_gluon_varlen_bwd.log" | tail
+    limit 240 python benchmarks/varlen.py --out "$out/${day}_${gpu}_varlen_gluon_bwd.jsonl" \
         --knobs '[{}, {"family": "gluon", "default": true, "direction": "bwd"}, {"family": "tl", "default": true, "direction": "bwd"}]' \
         2>&1 | grep -v Warn
     ;;
 varlen-retune)  # after gluon-varlen: the packed problems' forward searched with the Gluon family, merged
-    cp tuning_db/h100.db /tmp/varlen.db
-    limit 240 python -m autoflash tune --gpu h100 --mode "${MODE:-fwd}" --shapes examples/varlen.yaml --trials "${TRIALS:-4}" \
-        --db /tmp/varlen.db > "$out/${day}_h100_varlen_retune.log" 2>&1
-    echo "varlen retune rc $?"; tail -n 4 "$out/${day}_h100_varlen_retune.log"
-    python -m autoflash merge --into tuning_db/h100.db /tmp/varlen.db --current-only --standalone
-    cp tuning_db/h100.db "$out/h100.db"
-    limit 120 python benchmarks/varlen.py --out "$out/${day}_h100_varlen_retuned.jsonl" 2>&1 | grep -v Warn
+    cp tuning_db/$gpu.db /tmp/varlen.db
+    limit 240 python -m autoflash tune --gpu "$gpu" --mode "${MODE:-fwd}" --shapes examples/varlen.yaml --trials "${TRIALS:-4}" \
+        --db /tmp/varlen.db > "$out/${day}_${gpu}_varlen_retune.log" 2>&1
+    echo "varlen retune rc $?"; tail -n 4 "$out/${day}_${gpu}_varlen_retune.log"
+    python -m autoflash merge --into tuning_db/$gpu.db /tmp/varlen.db --current-only --standalone
+    cp tuning_db/$gpu.db "$out/$gpu.db"
+    limit 120 python benchmarks/varlen.py --out "$out/${day}_${gpu}_varlen_retuned.jsonl" 2>&1 | grep -v Warn
     ;;
 gluon-maskmod)  # branch gluon-maskmod: the Gluon forward's MASK_MOD gate (NOTES G8), correctness first
     limit 400 python -m pytest -q -m gpu -n 8 tests/test_gluon_fwd.py -k mask_mod -p no:cacheprovider \
-        > "$out/${day}_h100_gpu_tests_gluon_maskmod.log" 2>&1
-    echo "maskmod gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_maskmod.log" | tail
+        > "$out/${day}_${gpu}_gpu_tests_gluon_maskmod.log" 2>&1
+    echo "maskmod gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_gluon_maskmod.log" | tail
     limit 180 python benchmarks/variants.py --cases 'documents,causal documents,prefix-lm' \
-        --knobs '[{}, {"family": "tl", "default": true}]' --out "$out/${day}_h100_variants_gluon_maskmod.jsonl" \
+        --knobs '[{}, {"family": "tl", "default": true}]' --out "$out/${day}_${gpu}_variants_gluon_maskmod.jsonl" \
         2>&1 | grep -v Warn
     ;;
 gluon-maskmod-bwd)  # branch gbwd-maskmod: the Gluon backward's MASK_MOD gate (NOTES G-bwd19), correctness first;
     # then the backward as dispatched (untuned: the Gluon default) beside tl's default and FlexAttention
     limit 420 python -m pytest -q -m gpu -n 8 tests/test_gluon_bwd.py tests/test_gluon_fwd.py::test_mask_mod_gradients \
         tests/test_mask_mod.py -k mask_mod \
-        -p no:cacheprovider > "$out/${day}_h100_gpu_tests_gluon_maskmod_bwd.log" 2>&1
-    echo "maskmod bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_gluon_maskmod_bwd.log" | tail
+        -p no:cacheprovider > "$out/${day}_${gpu}_gpu_tests_gluon_maskmod_bwd.log" 2>&1
+    echo "maskmod bwd gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_gluon_maskmod_bwd.log" | tail
     limit 170 python benchmarks/variants.py --cases 'documents,causal documents,prefix-lm' \
         --knobs '[{}, {"family": "tl", "default": true, "direction": "bwd"}]' \
-        --out "$out/${day}_h100_variants_gluon_maskmod_bwd.jsonl" 2>&1 | grep -v Warn
+        --out "$out/${day}_${gpu}_variants_gluon_maskmod_bwd.jsonl" 2>&1 | grep -v Warn
     ;;
 tile-overlap)  # branch gfwd-tile-overlap (NOTES G9): correctness first, then the FA grid beside the defaults
     # (-k: tile_overlap's tests and the two-Q-tile control at its shapes, test_two_q_tiles_several_tiles_a_program)
     limit 220 python -m pytest -q -m gpu -n 8 tests/test_gluon_fwd.py -k "tile_overlap or several_tiles" -p no:cacheprovider \
-        > "$out/${day}_h100_gpu_tests_tile_overlap.log" 2>&1
-    echo "tile-overlap gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_h100_gpu_tests_tile_overlap.log" | tail
-    rows="$out/${day}_h100_gluon_tile_overlap.jsonl"
+        > "$out/${day}_${gpu}_gpu_tests_tile_overlap.log" 2>&1
+    echo "tile-overlap gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_tile_overlap.log" | tail
+    rows="$out/${day}_${gpu}_gluon_tile_overlap.jsonl"
     # (GRID=fa_grid_fp16 halves it, should the whole grid not fit the call's 10 minutes; rows are written per problem)
     limit -s INT 340 python benchmarks/gluon_fwd.py --bench "${GRID:-fa_grid}" --out "$rows" --variants '["default",
         {"default": true, "q_buffers": 2, "dynamic": false}, {"default": true, "tile_overlap": true},
         {"default": true, "q_buffers": 2, "dynamic": false, "tile_overlap": true}]' \
-        > "$out/${day}_h100_gluon_tile_overlap.log" 2>&1
-    echo "tile-overlap bench rc $?"; cat "$out/${day}_h100_gluon_tile_overlap.log"
+        > "$out/${day}_${gpu}_gluon_tile_overlap.log" 2>&1
+    echo "tile-overlap bench rc $?"; cat "$out/${day}_${gpu}_gluon_tile_overlap.log"
     python benchmarks/knob_ratio.py "$rows" tile_overlap
     ;;
 head-dim-split)  # NOTES G16, with the branch head-dim-split checked out (its databases re-keyed): the Gluon forward's
@@ -378,7 +379,7 @@ skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): o
     knob_tests skip_idle "idle"
     for run in 1 2; do
         limit 200 python benchmarks/varlen.py --knobs '[{}, {"family": "gluon", "skip_idle": true}]' \
-            --out "$out/${day}_h100_varlen_skip_idle.jsonl" 2>&1 | grep -v -i warn
+            --out "$out/${day}_${gpu}_varlen_skip_idle.jsonl" 2>&1 | grep -v -i warn
     done
     ;;
 one-loop)  # NOTES G10 (branch one-loop, its patch under results/one_loop): on a copy of this tree with the patch and
@@ -386,27 +387,27 @@ one-loop)  # NOTES G10 (branch one-loop, its patch under results/one_loop): on a
           # (twice: the causal 512-2k cells are what it is for), rows per problem
     patched_copy one_loop benchmarks/results/one_loop/one-loop.patch
     knob_tests one_loop "one_loop or one loop"
-    rows="$out/${day}_h100_gluon_one_loop.jsonl"
+    rows="$out/${day}_${gpu}_gluon_one_loop.jsonl"
     limit -s INT 300 python benchmarks/gluon_fwd.py --bench short --repeat 2 --out "$rows" \
-        --variants '["default", {"default": true, "one_loop": true}]' > "$out/${day}_h100_gluon_one_loop.log" 2>&1
-    echo "one-loop bench rc $?"; cat "$out/${day}_h100_gluon_one_loop.log"
+        --variants '["default", {"default": true, "one_loop": true}]' > "$out/${day}_${gpu}_gluon_one_loop.log" 2>&1
+    echo "one-loop bench rc $?"; cat "$out/${day}_${gpu}_gluon_one_loop.log"
     python benchmarks/knob_ratio.py "$rows" one_loop
     ;;
 tile-overlap-hyp3)  # NOTES G9: main's cross-tile step (refused under causal) beside hyp3's (results/g9_hyp/hyp3.patch,
     # which passes every case), fp16 grid, one machine: full cells both ways, causal cells hyp3 beside the default
     root=$(pwd); . benchmarks/patched_tree.sh
-    limit -s INT 250 python benchmarks/gluon_fwd.py --bench fa_grid_fp16 --out "$out/${day}_h100_g9_main.jsonl" \
-        --variants '["default", {"default": true, "tile_overlap": true, "causal": false}]' > "$out/${day}_h100_g9_main.log" 2>&1
+    limit -s INT 250 python benchmarks/gluon_fwd.py --bench fa_grid_fp16 --out "$out/${day}_${gpu}_g9_main.jsonl" \
+        --variants '["default", {"default": true, "tile_overlap": true, "causal": false}]' > "$out/${day}_${gpu}_g9_main.log" 2>&1
     echo "main rc $?"
     if copy_tree /tmp/g9_hyp3 "$root/benchmarks/results/g9_hyp/hyp3.patch"; then
         (cd /tmp/g9_hyp3 && PYTHONPATH=/tmp/g9_hyp3:$PYTHONPATH limit -s INT 250 python benchmarks/gluon_fwd.py \
-            --bench fa_grid_fp16 --out "$out/${day}_h100_g9_hyp3.jsonl" \
-            --variants '[{"default": true, "tile_overlap": true}]' > "$out/${day}_h100_g9_hyp3.log" 2>&1)
+            --bench fa_grid_fp16 --out "$out/${day}_${gpu}_g9_hyp3.jsonl" \
+            --variants '[{"default": true, "tile_overlap": true}]' > "$out/${day}_${gpu}_g9_hyp3.log" 2>&1)
         echo "hyp3 rc $?"
     else
         echo "hyp3: PATCH FAILED"
     fi
-    python - "$out/${day}_h100_g9_main.jsonl" "$out/${day}_h100_g9_hyp3.jsonl" <<'PY'
+    python - "$out/${day}_${gpu}_g9_main.jsonl" "$out/${day}_${gpu}_g9_hyp3.jsonl" <<'PY'
 import json, math, sys
 cells = {}
 for tree, path in zip(("main", "hyp3"), sys.argv[1:]):
@@ -439,27 +440,27 @@ paged-retune)  # NOTES 67: the KV-cache decode problems (dense, pages of 16 and 
     fi
     printf 'problems:\n  - {batch: 32, heads_q: 64, heads_kv: 8, seqlen_q: 1, seqlen_k: 32768, head_dim: 128, dtype: bfloat16,\n     kvcache: {page_size: [0, 16, 256]}}\n' > /tmp/paged.yaml
     cd "$dir" && export PYTHONPATH="$dir:$PYTHONPATH"
-    cp tuning_db/h100.db /tmp/paged.db
-    limit 300 python -m autoflash tune --gpu h100 --mode fwd --shapes /tmp/paged.yaml --trials "${TRIALS:-40}" \
-        --db /tmp/paged.db > "$out/${day}_h100_paged_retune$tag.log" 2>&1
-    echo "paged retune$tag rc $?"; grep -E "varlen|problem" "$out/${day}_h100_paged_retune$tag.log" | tail -n 4 | cut -c1-200
-    python -m autoflash merge --into tuning_db/h100.db /tmp/paged.db --current-only --standalone
-    cp tuning_db/h100.db "$out/h100$tag.db"
+    cp tuning_db/$gpu.db /tmp/paged.db
+    limit 300 python -m autoflash tune --gpu "$gpu" --mode fwd --shapes /tmp/paged.yaml --trials "${TRIALS:-40}" \
+        --db /tmp/paged.db > "$out/${day}_${gpu}_paged_retune$tag.log" 2>&1
+    echo "paged retune$tag rc $?"; grep -E "varlen|problem" "$out/${day}_${gpu}_paged_retune$tag.log" | tail -n 4 | cut -c1-200
+    python -m autoflash merge --into tuning_db/$gpu.db /tmp/paged.db --current-only --standalone
+    cp tuning_db/$gpu.db "$out/$gpu$tag.db"
     # (graph replays: a plain ~0.5 ms decode call measures the host as much as the GPU, NOTES 69)
-    limit 80 python benchmarks/kvcache_decode.py --graph --profile --out "$out/${day}_h100_kvcache_decode$tag.jsonl" \
+    limit 80 python benchmarks/kvcache_decode.py --graph --profile --out "$out/${day}_${gpu}_kvcache_decode$tag.jsonl" \
         2>&1 | grep -v -i warn
     limit 80 python benchmarks/kvcache_decode.py --graph --profile --lengths 32768 \
-        --out "$out/${day}_h100_kvcache_decode_32k$tag.jsonl" 2>&1 | grep -v -i warn
+        --out "$out/${day}_${gpu}_kvcache_decode_32k$tag.jsonl" 2>&1 | grep -v -i warn
     ;;
 decode-gap)  # NOTES 69: a 1k-32k decode call in graphs takes ~50-65 us more than its kernels' profile of plain calls;
             # the kernels profiled in graph replays too, clocks and power sampled beside, and 32k each for contrast
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 100 \
-        > "$out/${day}_h100_decode_gap_clocks.csv" &
+        > "$out/${day}_${gpu}_decode_gap_clocks.csv" &
     smi=$!
     for lengths in 1024,32768 32768; do
         for mode in --graph ""; do
             limit 100 python benchmarks/kvcache_decode.py --lengths $lengths $mode --profile \
-                --out "$out/${day}_h100_decode_gap.jsonl" 2>&1 | grep -v -i warn | sed "s/^/$lengths ${mode:-plain} /"
+                --out "$out/${day}_${gpu}_decode_gap.jsonl" 2>&1 | grep -v -i warn | sed "s/^/$lengths ${mode:-plain} /"
         done
     done
     kill $smi
