@@ -117,9 +117,9 @@ def test_tile_overlap_repeats():
 
 
 # head_dim_split: the head dim as two column tiles (160 = 128 + 32, 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16,
-# 72 = 64 + 16, 40 = 32 + 16: columns past head_dim in the second tile read as 0 and are never written), on the knob sets of
-# each head dim's winners and the paths the template splits (overlap or not, ping-pong, O in Q or its own tile),
-# at the head dims where each fits.
+# 72 = 64 + 16, 40 = 32 + 16: columns past head_dim in the second tile read as 0 and are never written), on the
+# knob sets of each head dim's winners and the paths the template splits (overlap or not, ping-pong, O in Q or its
+# own tile), at the head dims where each fits.
 HEAD_DIM_SPLIT = {
     "split": (dict(head_dim_split=True), (40, 72, 80, 96)),
     "split, sequential, one consumer": (dict(head_dim_split=True, overlap=False, consumers=1), (40, 80, 96, 160)),

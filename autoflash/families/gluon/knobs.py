@@ -293,9 +293,9 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     does); where tile_overlap runs (full attention, static grid, two consumers) the next tile's first block goes
     under this tile's last P V (NOTES G9: d128 full +1-6%); where the padded tile is past 64 columns and
     head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
-    no tile_overlap (NOTES G16: +4-40%; G17). None where the family cannot run the problem. The backward (every untuned backward's default where it runs:
-    autoflash.families.default_order): two consumer warpgroups, 64-row steps (32 past head dim
-    128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
+    no tile_overlap (NOTES G16: +4-40%; G17). None where the family cannot run the problem. The backward (every
+    untuned backward's default where it runs: autoflash.families.default_order): two consumer warpgroups, 64-row
+    steps (32 past head dim 128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
     (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past it (NOTES
     G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
     unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59). Splits balance the causal band's unequal programs; a
