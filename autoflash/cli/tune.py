@@ -61,7 +61,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     from autoflash.tune.runner import Runner
     from autoflash.tune.tuner import tune_problem
 
-    problems, here = begin_at_part(problems_of(shapes_file), begin_at), gpus.current()
+    problems, here = begin_at_part(problems_of(shapes_file), begin_at, kernels_shared), gpus.current()
     if here.family == "interpreter" and not interpret:
         raise click.ClickException("no CUDA GPU here: pass --interpret to tune in Triton's interpreter")
     if gpu_name is not None and gpu_name.lower() != here.family:
@@ -138,15 +138,27 @@ def device_list(devices: str | None, interpret: bool) -> list[str]:
     return chosen
 
 
-def begin_at_part(problems: list, begin_at: str) -> list:
+def begin_at_part(problems: list, begin_at: str, group=None) -> list:
     """The problems from the start of the i-th of N equal parts, round to the one before it: tuners that begin at
-    different parts spread over the problems, then each helps the others finish (claims keep them apart)."""
+    different parts spread over the problems, then each helps the others finish (claims keep them apart). With N > 1
+    and `group` (problem -> key), the problems in the order of their keys first (stably): problems that share
+    compiled kernels then fall in one tuner's part, which compiles them once, where interleaved parts had every
+    tuner compile them at the same time (NOTES T3, T4)."""
     try:
         part, parts = (int(x) for x in begin_at.split("/"))
     except ValueError:
         raise click.BadParameter(f"expected i/N, got {begin_at!r}", param_hint="--begin-at") from None
+    if parts > 1 and group is not None:
+        problems = sorted(problems, key=group)
     start = len(problems) * part // max(parts, 1)
     return problems[start:] + problems[:start]
+
+
+def kernels_shared(problem) -> tuple:
+    """What decides which compiled kernels a problem runs, besides the knobs: its variants, dtype, head dim, causal
+    flag and the variants' settings (lengths and head counts are kernel arguments)."""
+    return (sorted(problem.variants), problem.dtype, problem.head_dim, problem.causal, problem.window, problem.softcap,
+            problem.alibi, problem.mask_mod, problem.score_mod, problem.page_size)
 
 
 def fan_out(devices: list[str], options: dict) -> int:

@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from autoflash.cli import main
-from autoflash.cli.tune import begin_at_part
+from autoflash.cli.tune import begin_at_part, kernels_shared
 from autoflash.db.base import connect_readonly
+from autoflash.problem import Problem
 from tuning import TWO_PROBLEMS, assert_sound, problems_file
 
 
@@ -36,6 +37,16 @@ def test_each_tuner_begins_at_its_own_part():
     assert begin_at_part(problems, "0/2") == problems
     assert begin_at_part(problems, "1/2") == [3, 4, 5, 6, 0, 1, 2]
     assert begin_at_part(problems, "2/3") == [4, 5, 6, 0, 1, 2, 3]
+
+
+def test_tuners_parts_group_the_problems_that_share_kernels():
+    """Several tuners: the problems in the order of the kernels they run (head dims interleaved in the file come
+    apart), so that each tuner's part compiles its own; one tuner keeps the file's order."""
+    problems = [Problem(4, 8, 8, s, s, d, False, "float16") for s in (512, 1024, 2048) for d in (64, 128)]
+    assert begin_at_part(problems, "0/1", kernels_shared) == problems
+    first, second = begin_at_part(problems, "0/2", kernels_shared), begin_at_part(problems, "1/2", kernels_shared)
+    assert [p.head_dim for p in first[:3]] == [64] * 3 and [p.head_dim for p in second[:3]] == [128] * 3
+    assert [p.seqlen_q for p in first[:3]] == [512, 1024, 2048]  # the file's order within a group
 
 
 @pytest.mark.parametrize("devices", ["0,0", "a,b", ","])
