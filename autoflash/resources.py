@@ -14,8 +14,10 @@ from pathlib import Path
 _PACKAGE = Path(__file__).resolve().parent
 # A launcher global set by the loader to another family's launcher part: `tables`, the `tl` family's tile tables of
 # packed sequences; `masks`, its mask_mod block tables; `columns`, templates/common/launch_columns.py (the column
-# tiles of a head dim, every family's).
-BORROWED = {"tables": ("tl", "varlen"), "masks": ("tl", "mask_mod"), "columns": ("common", "columns")}
+# tiles of a head dim, every family's); `tma`, templates/common/launch_tma.py (a plan's host TMA descriptors
+# copied over each call's tensors).
+BORROWED = {"tables": ("tl", "varlen"), "masks": ("tl", "mask_mod"), "columns": ("common", "columns"),
+            "tma": ("common", "tma")}
 
 
 def data_dir(name: str) -> Path:

@@ -258,6 +258,35 @@ def test_backward_descriptors_per_call(group_splits):
     assert first[7].shape == [16, 100] and first[4].block_shape == [1, 1, 64, 128]
 
 
+@pytest.mark.parametrize("head_dim", [128, 160])  # 160: two column tiles, the second over columns 128..
+def test_forward_descriptors_per_call(head_dim, monkeypatch):
+    """A forward plan's descriptors are built once over its example tensors; each call's are copies over the call's
+    tensors (the second column tile's over their columns past the first tile), made without TensorDescriptor's
+    checks, the examples' untouched."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    make_plan_descriptors = launcher("gluon")._descriptor_maker
+    q, k = torch.empty(2, 8, 100, head_dim, dtype=torch.bfloat16), torch.empty(2, 2, 90, head_dim, dtype=torch.bfloat16)
+    tiles = (128, 32) if head_dim == 160 else (128, 0)
+    make = make_plan_descriptors(q, k, k, q, 64, 128, *tiles)
+    examples, calls = (q, k, k, q), tuple(t.clone() for t in (q, k, k, q))
+    built = TensorDescriptor.__init__
+    monkeypatch.setattr(TensorDescriptor, "__init__", lambda *a, **kw: pytest.fail("a descriptor built per call"))
+    first, second = make(*examples), make(*calls)
+    monkeypatch.setattr(TensorDescriptor, "__init__", built)
+    assert len(first) == len(second) == (8 if head_dim == 160 else 4)
+    for i, (a, b) in enumerate(zip(first, second)):
+        column = 0 if i < 4 else 128
+        assert a.base.data_ptr() == examples[i % 4].data_ptr() + 2 * column
+        assert b.base.data_ptr() == calls[i % 4].data_ptr() + 2 * column
+        assert (a.shape, a.strides, a.block_shape, a.layout) == (b.shape, b.strides, b.block_shape, b.layout)
+        fresh = type(a)(b.base, b.shape, b.strides, b.block_shape, b.layout)  # as built with its checks
+        assert {**vars(fresh), "base": None} == {**vars(b), "base": None}
+    assert first[0].block_shape == [1, 1, 64, 128] and first[1].block_shape == [1, 1, 128, 128]
+    if head_dim == 160:
+        assert first[4].shape == [2, 8, 100, 32] and first[5].block_shape == [1, 1, 128, 32]
+
+
 def test_backward_variant_arguments_reach_the_kernel():
     """The fixed variants' launcher (templates/common/launch_window_softcap_alibi.py) on the Gluon backward's plan:
     the slopes after the nine descriptors, the window, softcap and the slopes' stride by name; the delta kernel as

@@ -7,6 +7,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 columns = None  # the module of templates/common/launch_columns.py (column_tiles), set by the loader
+tma = None  # the module of templates/common/launch_tma.py (copies_over), set by the loader
 
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # Under causal masking, tiles run longest first over runs of heads whose K and V fit this much of L2 (the
@@ -33,9 +34,9 @@ def _descriptor_maker(q, k, v, out, block_m, block_n, block_d, block_d2=0):
     """`make(q, k, v, out)`: TMA descriptors over (batch, heads, seqlen, head_dim) with each tensor's strides
     (any layout whose rows are 16-byte aligned), blocks of (1, 1, rows, block_d) for tensors shaped and
     strided like these; rows past seqlen and columns past head_dim read as 0 and are never written. With a second
-    column tile (block_d2), then the same four over columns block_d.. (blocks of (1, 1, rows, block_d2))."""
-    layout_of = {}
-    specs = []
+    column tile (block_d2), then the same four over columns block_d.. (blocks of (1, 1, rows, block_d2)). Built
+    (and checked) once here over these tensors; a call gets copies over its own (`tma.copies_over`)."""
+    layout_of, made, firsts = {}, [], []
     for first, width in ((0, block_d), (block_d, block_d2)) if block_d2 else ((0, block_d),):
         for t, rows in ((q, block_m), (k, block_n), (v, block_n), (out, block_m)):
             block = [1, 1, rows, width]
@@ -43,11 +44,13 @@ def _descriptor_maker(q, k, v, out, block_m, block_n, block_d, block_d2=0):
             if key not in layout_of:
                 layout_of[key] = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
             shape = [*t.shape[:3], t.shape[3] - first]
-            specs.append((first, shape, list(t.stride()), block, layout_of[key]))
+            made.append(TensorDescriptor(t[..., first:] if first else t, shape, list(t.stride()), block,
+                                         layout_of[key]))
+            firsts.append(first)
+    over = tma.copies_over(made)
 
     def make(*tensors):
-        return tuple(TensorDescriptor(t[..., first:] if first else t, shape, strides, block, layout)
-                     for t, (first, shape, strides, block, layout) in zip(tensors * (len(specs) // 4), specs))
+        return over(*(t[..., first:] if first else t for t, first in zip(tensors * (len(made) // 4), firsts)))
     return make
 
 

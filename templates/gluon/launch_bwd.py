@@ -7,6 +7,8 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+tma = None  # the module of templates/common/launch_tma.py (copies_over), set by the loader
+
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 DELTA_ROWS = 64  # query rows of one `_attn_bwd_delta` program
 
@@ -63,8 +65,7 @@ def _descriptor_maker(examples, block_m, block_d, warpgroups):
     keys (`_block_n`), block_d); dk, dv (q's dtype, or fp32 sums) of a warpgroup's (1, 1, 64, `_dkv_columns`); the
     fp32 dq_sum of a warpgroup's share of dQ (`_dq_share`); lse2 and delta (`_rows`) of (1, block_m). Rows past
     seqlen and columns past head_dim read as 0 and are never written. Each is built (and checked) once here; a
-    call gets copies over its own tensors, made without TensorDescriptor's checks (5.5 us a descriptor against
-    0.8 on the CPU machine; NOTES G-bwd11, G-bwd14)."""
+    call gets copies over its own tensors (`tma.copies_over`; NOTES G-bwd11, G-bwd14)."""
     q = examples[0]
     dkv, keys = _dkv_columns(block_d, warpgroups), _block_n(block_d, warpgroups)
     blocks = ([1, 1, block_m, block_d], [1, 1, keys, block_d], [1, 1, keys, block_d], [1, 1, block_m, block_d],
@@ -74,16 +75,7 @@ def _descriptor_maker(examples, block_m, block_d, warpgroups):
     def built(t, block):
         shape = list(t.shape) if len(block) == 4 else [t.shape[0], q.shape[2]]  # (rows: their seqlen_q first)
         return TensorDescriptor(t, shape, list(t.stride()), block, _layout(block, GL_DTYPES.get(t.dtype, gl.float32)))
-    made = [built(t, block) for t, block in zip(examples, blocks)]
-
-    def make(*tensors):
-        call = []
-        for descriptor, t in zip(made, tensors):
-            over_t = object.__new__(TensorDescriptor)  # (no __init__: its checks held for the example)
-            over_t.__dict__.update(descriptor.__dict__, base=t)
-            call.append(over_t)
-        return call
-    return make
+    return tma.copies_over([built(t, block) for t, block in zip(examples, blocks)])
 
 
 def _rows(q):
