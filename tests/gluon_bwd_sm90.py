@@ -64,7 +64,7 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
 
 
 DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, dq_writer=False,
-               dq_turns=False, dv_late=False)  # the family's default
+               dq_turns=False, dv_late=False, uneven_groups=False)  # the family's default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
 # each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
 # same keys with dK's and dV's columns split (32-row steps, dQ^T); GQA groups split over programs
@@ -82,6 +82,12 @@ CASES = [({}, 128, "float16", False),
          (dict(group_splits=2), 128, "bfloat16", True),
          (dict(group_splits=4), 64, "float16", False),
          (dict(group_splits=2, block_m=32), 256, "bfloat16", True),
+         # groups that the splits do not divide (MQA 71:1, GQA 7:1): the last program of a group walks fewer heads
+         (dict(group_splits=4, uneven_groups=True, dq_turns=True), 64, "bfloat16", True),
+         (dict(group_splits=2, uneven_groups=True, dv_late=True), 128, "bfloat16", True),
+         (dict(group_splits=2, uneven_groups=True), 128, "bfloat16", True, ["WINDOW"]),
+         (dict(group_splits=2, uneven_groups=True), 128, "bfloat16", True, ["VARLEN"]),
+         (dict(group_splits=2, uneven_groups=True), 64, "bfloat16", True, ["MASK_MOD"], "documents"),
          # sliding window, softcapping and ALiBi, each and together
          ({}, 128, "bfloat16", True, ["WINDOW"]),
          ({}, 64, "float16", False, ["SOFTCAP"]),

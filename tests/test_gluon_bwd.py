@@ -48,7 +48,7 @@ def test_variants(knobs, head_dim, seqlen_q, seqlen_k, causal):
 @pytest.mark.parametrize("head_dim", [32, 40, 64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("heads_q, heads_kv", [(8, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("heads_q, heads_kv", [(8, 2), (4, 1), (3, 3), (7, 1)])  # 7:1: split unevenly from 2k causal
 def test_defaults(head_dim, dtype, causal, heads_q, heads_kv):
     for seqlen_q, seqlen_k in ((1000, 1000), (123, 4097), (4097, 123)):
         shape = (2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim)
@@ -65,6 +65,20 @@ def test_group_splits(group_splits, head_dim, causal):
     for shape in ((2, 8, 1, 1000, 1000, head_dim), (1, 16, 2, 123, 4097, head_dim), (1, 16, 2, 4097, 123, head_dim)):
         knobs = BwdKnobs(block_m=64 if head_dim <= 128 else 32, group_splits=group_splits)
         assert not violations(knobs, Problem(*shape, causal, "bfloat16"), H100)
+        assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
+
+
+@pytest.mark.parametrize("group_splits", [2, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_uneven_group_splits(group_splits, head_dim, causal):
+    """Groups the splits do not divide (MQA 71:1, GQA 7:1 and 3:1): ceil(group / splits) query heads a program, the
+    last of each group fewer, their fp32 dK and dV added up."""
+    for shape in ((1, 71, 1, 1000, 1000, head_dim), (2, 14, 2, 123, 4097, head_dim), (1, 6, 2, 4097, 123, head_dim)):
+        knobs = BwdKnobs(group_splits=group_splits, uneven_groups=True)
+        if violations(knobs, Problem(*shape, causal, "bfloat16"), H100):  # (3 heads over 4 programs: one empty)
+            assert shape[1] // shape[2] == 3 and group_splits == 4
+            continue
         assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
 
 

@@ -163,6 +163,8 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
     knobs = BwdKnobs(**gluon_bwd_sm90.DEFAULT | change)
     variants = set(variants[0] if variants else ())
     problem = _case_problem(head_dim, dtype, causal, variants)
+    if knobs.uneven_groups:  # a group its splits do not divide: GQA 7:1
+        problem = dataclasses.replace(problem, heads_q=14)
     row = compiled_bwd[index]
     # At d128 S^T, dP^T, P^T's copy, dK and dV take ~232 of a consumer's 240 registers: a few loop scalars
     # spill (132 B under triton 3.6; NOTES G-bwd3), reloaded once a step; softcapping's tanh, live from S^T to
@@ -489,6 +491,26 @@ def test_backward_default_splits_groups_only_for_long_causal_attention():
     for unsplit in (dataclasses.replace(causal, causal=False), dataclasses.replace(causal, seqlen_q=1),
                     causal.with_variants(window_size=(1024, 0)), dataclasses.replace(causal, heads_kv=32)):
         assert default_knobs(unsplit, H100, "bwd").group_splits == 1, unsplit
+
+
+def test_backward_default_splits_groups_the_splits_do_not_divide_unevenly():
+    """MQA 71:1 (Falcon-7B) and GQA 7:1 (Qwen2-7B) under causal masking from 2k queries: a prime group split over
+    the programs wanted, ceil(group / splits) heads each, the last fewer, none empty (NOTES 74.(c): unsplit, 71:1
+    ran 64 programs on 132 SMs at 0.34x plain SDPA)."""
+    mqa = Problem(4, 71, 1, 2048, 2048, 64, True, "bfloat16")
+    for problem, splits in ((mqa, 4), (dataclasses.replace(mqa, head_dim=128), 2), (Problem(4, 28, 4, 2048, 2048, 128,
+                                                                                            True, "bfloat16"), 2),
+                            (dataclasses.replace(mqa, heads_q=5), 2), (dataclasses.replace(mqa, heads_q=9), 2)):
+        knobs = default_knobs(problem, H100, "bwd")
+        assert (knobs.group_splits, knobs.uneven_groups) == (splits, True), problem
+        assert violations(knobs, problem, H100) == []
+    for problem in (dataclasses.replace(mqa, heads_q=8), dataclasses.replace(mqa, causal=False)):  # even, unsplit
+        assert not default_knobs(problem, H100, "bwd").uneven_groups
+    assert any("does not divide" in why for why in violations(BwdKnobs(group_splits=4), mqa, H100))
+    empty = dataclasses.replace(mqa, heads_q=5)  # 5 heads over 4 programs of 2: the fourth would walk none
+    assert any("at least one" in why for why in violations(BwdKnobs(group_splits=4, uneven_groups=True), empty, H100))
+    even = dataclasses.replace(mqa, heads_q=8)
+    assert any("even split" in why for why in violations(BwdKnobs(group_splits=4, uneven_groups=True), even, H100))
 
 
 def test_packed_sequences_run_in_both_directions():

@@ -209,6 +209,15 @@ def test_gluon_varlen_forward_head_dim_split(change, causal, heads_q, heads_kv, 
     assert forced and all(knobs.head_dim_split for knobs in forced)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_gluon_varlen_backward_uneven_groups(causal, monkeypatch):
+    """Packed GQA 7:1 with each KV head's query heads over 2 programs unevenly (4 and 3), their fp32 dK and dV
+    added up: the gradients against the fp64 reference per sequence."""
+    forced = _force_gluon(monkeypatch, "bwd", dict(group_splits=2, uneven_groups=True))
+    _assert_forward_backward(LENGTHS_Q, LENGTHS_K, 14, 2, 64, torch.bfloat16, causal, seed=19)
+    assert forced and all(knobs.uneven_groups for knobs in forced)
+
+
 @pytest.mark.parametrize("change", [{}, dict(block_m=128), dict(warpgroups=1, group_splits=1), dict(num_buffers=3),
                                     dict(group_splits=1), dict(group_splits=2), dict(group_splits=4),
                                     dict(dq_writer=True)],

@@ -80,6 +80,9 @@ class BwdKnobs(Knobs):
                                                 "reduce-add a step, not one from each warpgroup's own keys")
     dv_late: bool = knob(False, (False, True), "dV += P^T dO issued after dS^T is computed and stored (FA3's order), "
                                                "not between P^T and dS^T: fewer registers live at once")
+    uneven_groups: bool = knob(False, (False, True), "(group_splits not dividing the group: MQA 71:1, GQA 7:1) each "
+                                                     "program walks ceil(group / group_splits) query heads, the "
+                                                     "last of a group fewer")
 
 
 def column_tiles(knobs: FwdKnobs, problem: Problem) -> tuple[int, ...]:
@@ -256,8 +259,13 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     if rows_y > MAX_GRID_Y:
         why.append(f"{rows_y} programs (batch x heads_q) along the grid's y axis, CUDA allows {MAX_GRID_Y}")
     group = problem.heads_q // problem.heads_kv
-    if group % knobs.group_splits:
-        why.append(f"group_splits {knobs.group_splits} does not divide the {group} query heads of a KV head")
+    if group % knobs.group_splits and not knobs.uneven_groups:
+        why.append(f"group_splits {knobs.group_splits} does not divide the {group} query heads of a KV head "
+                   "(uneven_groups splits them so)")
+    if knobs.uneven_groups and not _uneven(group, knobs.group_splits):
+        why.append(f"uneven_groups is for group_splits that do not divide the group, each program walking at least "
+                   f"one query head (group {group}, group_splits {knobs.group_splits}): the even split's kernels "
+                   "otherwise")
     if knobs.group_splits > 1 and knobs.warpgroups != 2:
         why.append("split groups stage fp32 dK and dV in two warpgroups' buffers (K and V's tiles, the Q/dO ring)")
     if knobs.dq_turns and (knobs.warpgroups != 2 or bwd_tiles(knobs, problem.head_dim)[2:] != (knobs.block_m,
@@ -313,10 +321,11 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         # to 64 beside dq_turns, causal or not, +1.9%, NOTES 68)
         late = (d <= 64 or not problem.causal) and d <= 128 and problem.window == (-1, -1) and not problem.gates() & {
             "VARLEN", "MASK_MOD"}
-        knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=math.gcd(group, 4 if d <= 64 else 2),
-                         dq_turns=turns, dv_late=late)
-        candidates = (knobs, replace(knobs, group_splits=1),
-                      replace(knobs, group_splits=1, dq_turns=False, dv_late=False))
+        splits, uneven = _group_splits(group, 4 if d <= 64 else 2)
+        knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven, dq_turns=turns,
+                         dv_late=late)
+        candidates = (knobs, replace(knobs, group_splits=1, uneven_groups=False),
+                      replace(knobs, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False))
     else:
         three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
         split = _split_pays(problem)
@@ -328,6 +337,21 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         candidates = (knobs, replace(knobs, tile_overlap=False), replace(knobs, q_buffers=1, tile_overlap=False),
                       replace(knobs, block_n=64, q_buffers=1, tile_overlap=False))
     return next((k for k in candidates if not violations(k, problem, gpu)), None)
+
+
+def _group_splits(group: int, wanted: int) -> tuple[int, bool]:
+    """(group_splits, uneven_groups) of the backward's default: `wanted` programs a KV head's group where they
+    divide it, else as many as divide it, else (a group prime to `wanted`: MQA 71:1, GQA 7:1) the most of 2, 4, 8
+    up to `wanted` below the group, unevenly (NOTES 74.(c): 71:1 unsplit ran 64 programs on 132 SMs, 0.34x)."""
+    even = math.gcd(group, wanted)
+    uneven = max((s for s in (2, 4, 8) if s <= wanted and _uneven(group, s)), default=1)
+    return (even, False) if even > 1 or uneven == 1 else (uneven, True)
+
+
+def _uneven(group: int, splits: int) -> bool:
+    """Whether `splits` programs split a group of `group` query heads unevenly, ceil(group / splits) heads each but
+    the last, none empty (5 over 4 would leave the fourth none)."""
+    return group % splits > 0 and (splits - 1) * -(-group // splits) < group
 
 
 def fit(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | BwdKnobs | None:
