@@ -301,12 +301,15 @@ def _tma_readable(t: torch.Tensor) -> torch.Tensor:
 
 
 def _chosen(problem: Problem, gpu: gpus.Gpu, direction: str, tensors, deterministic: bool = False):
-    """DISPATCHER.for_call, once `problem` is tuned on first use where that is on (autoflash/tune/on_miss.py)."""
+    """DISPATCHER.for_call, once `problem` is tuned on first use where that is on (autoflash/tune/on_miss.py): the
+    forward of a differentiable call with its backward, which will follow."""
     from autoflash.tune import on_miss  # at a call signature's first call only: never on the hot path
 
     if not problem.mask_mod and not problem.score_mod:  # (tuning a mod's problem needs its function, which a tuner
         # cannot load yet)
-        on_miss.settle(DISPATCHER, problem, gpu, direction)
+        differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in tensors[:3])
+        on_miss.settle(DISPATCHER, problem, gpu, ("fwd", "bwd") if direction == "fwd" and differentiable else
+                       (direction,))
     return DISPATCHER.for_call(problem, gpu, direction, tensors, deterministic)
 
 

@@ -33,10 +33,11 @@ PROBLEMS = [  # batch, heads_q, heads_kv, seqlen, head_dim, causal, dtype
 ]
 
 
-def sources(q, k, v, causal) -> dict:
-    """Where dispatch takes each direction's variant from (autoflash.explain's 'source' lines)."""
+def explained(q, k, v, causal, what: str) -> dict:
+    """autoflash.explain's `what` line of each direction ("source": where dispatch takes its variant from;
+    "on-miss": what tuning on first use did, its workers' start and search apart)."""
     lines = autoflash.explain(q, k, v, causal=causal).splitlines()
-    return {line.split()[0]: line.split(":", 1)[1].strip() for line in lines if " source:" in line}
+    return {line.split()[0]: line.split(":", 1)[1].strip() for line in lines if f" {what}:" in line}
 
 
 def measure(problem: Problem, budget_s: float, db: Path) -> dict:
@@ -53,7 +54,7 @@ def measure(problem: Problem, budget_s: float, db: Path) -> dict:
     for direction in ("fwd", "bwd"):  # the records an earlier problem's search left are not this user's
         DISPATCHER.forget(gpus.current(q.device).family, direction)
     api._plans.clear()  # a call signature keeps its first variant: each phase starts from a new plan
-    before = timed(call, q, k, v, dout), sources(q, k, v, causal)
+    before = timed(call, q, k, v, dout), explained(q, k, v, causal, "source")
     autoflash.configure(tune="on-miss", budget_s=budget_s)
     api._plans.clear()
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
@@ -63,11 +64,12 @@ def measure(problem: Problem, budget_s: float, db: Path) -> dict:
     out.backward(dout)
     torch.cuda.synchronize()
     first_s = time.perf_counter() - start
-    after = timed(call, q, k, v, dout), sources(q, k, v, causal)
+    on_miss = explained(q, k, v, causal, "on-miss")
+    after = timed(call, q, k, v, dout), explained(q, k, v, causal, "source")
     base = timed(sdpa, q, k, v, dout)
     error = relative_error(out, attention_reference(q, k, v, causal)[0])
     row = dict(problem=problem.key(), budget_s=budget_s, first_call_s=round(first_s, 2), error_vs_fp64=error,
-               sdpa_fwd_ms=base[0], sdpa_bwd_ms=base[1])
+               sdpa_fwd_ms=base[0], sdpa_bwd_ms=base[1], on_miss=on_miss)
     for phase, ((fwd_ms, bwd_ms), source) in (("fallback", before), ("tuned", after)):
         row[phase] = dict(fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_vs_sdpa=base[0] / fwd_ms, bwd_vs_sdpa=base[1] / bwd_ms,
                           source=source)

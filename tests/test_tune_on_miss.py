@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import warnings
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -19,7 +20,7 @@ from autoflash import codegen
 from autoflash.api import DISPATCHER
 from autoflash.db import urls
 from autoflash.db.store import Store
-from autoflash.gpu import INTERPRETER
+from autoflash.gpu import INTERPRETER, KNOWN
 from autoflash.problem import Problem
 from autoflash.reference import attention_reference
 from autoflash.tune import on_miss
@@ -123,7 +124,8 @@ def test_a_failing_tuner_warns_once_and_runs_the_fallback(fresh, tmp_path):
     assert len(said) == 1 and "b1 h2/1 s25/33" in said[0], [str(w.message) for w in caught]
 
 
-def test_configured_the_first_forward_and_backward_tune_into_the_named_database(fresh, tmp_path, monkeypatch):
+def test_configured_the_first_differentiable_forward_tunes_both_directions_into_the_named_database(
+        fresh, tmp_path, monkeypatch):
     monkeypatch.setattr(on_miss, "TRIALS", FEW_TRIALS)
     autoflash.configure(tune="on-miss", budget_s=BUDGET_S, db=tmp_path / "mine.db")
     q, k, v = (t.float().requires_grad_() for t in inputs(23))
@@ -140,7 +142,8 @@ def test_configured_the_first_forward_and_backward_tune_into_the_named_database(
     torch.testing.assert_close(out.detach().double(), attention_reference(qd, kd, vd, causal=True)[0],
                                atol=1e-4, rtol=1e-4)
     explained = autoflash.explain(q.detach(), k.detach(), v.detach(), causal=True)
-    assert 0 < tuned_fwd < tuned and not fresh.exists(), explained
+    # the forward's first call tuned the backward too (one start of the workers); the backward tuned nothing more
+    assert 0 < tuned_fwd == tuned and not fresh.exists(), explained
     for direction in ("fwd", "bwd"):
         assert f"{direction} on-miss: tuned here on first use" in explained and \
             f"{direction} why:     exact problem tuned" in explained, explained
@@ -175,8 +178,8 @@ def test_on_a_large_host_a_few_compile_workers_start_and_the_budget_counts_once_
         def close(self):
             pass
 
-    def tune_problem(problem, *, runner, direction, deadline, **options):
-        given.update(compilers=len(runner.compilers), deadline=deadline)
+    def tune_problem(problem, *, runner, direction, deadline, first, **options):
+        given[direction] = dict(compilers=len(runner.compilers), deadline=deadline, first=first)
         return tuner.Report(problem, direction, None, None, None, trials=0, failures=0, wall_s=0.0)
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
@@ -184,10 +187,54 @@ def test_on_a_large_host_a_few_compile_workers_start_and_the_budget_counts_once_
     monkeypatch.setattr(runners, "_Worker", Starting)
     monkeypatch.setattr(tuner, "tune_problem", tune_problem)
     store = Store(str(tmp_path / "user.db"))
-    on_miss._tune(store, Problem(1, 2, 1, 40, 33, 32, True, "float16"), INTERPRETER, "fwd", budget_s=10)
+    problem = Problem(1, 2, 1, 40, 33, 32, True, "float16")
+    fallback = {d: DISPATCHER.choice(problem, INTERPRETER, d).knobs for d in ("fwd", "bwd")}
+    with on_miss._Workers() as workers:
+        for direction in ("fwd", "bwd"):  # a differentiable call's first forward: one start serves both directions
+            said = on_miss._tune(store, problem, INTERPRETER, direction, 10, workers, fallback[direction])
+            assert ("starting the workers" in said) == (direction == "fwd"), said
     store.close()
-    assert started.count("compile") == given["compilers"] == on_miss.COMPILE_WORKERS < 63
-    assert given["deadline"] >= max(ready) + 10
+    assert started.count("compile") == given["fwd"]["compilers"] == on_miss.COMPILE_WORKERS < 63
+    assert started.count("measure") == 1
+    assert given["fwd"]["deadline"] >= max(ready) + 10 and given["bwd"]["deadline"] >= given["fwd"]["deadline"]
+    assert all(given[d]["first"] == fallback[d] for d in ("fwd", "bwd"))
+
+
+def test_the_fallback_is_in_the_first_batch_of_its_family_searched_first(tmp_path, monkeypatch):
+    """A deadline that ends the search after one batch still leaves the fallback timed: its family is searched
+    first and its knobs lead that family's first batch, so the record on-miss leaves is never slower than it."""
+    from autoflash import families
+    from autoflash.tune import tuner
+
+    problem, hopper = Problem(1, 4, 1, 1024, 1024, 64, True, "float16"), KNOWN["h100"]
+    searched = families.searched("fwd")
+    assert len(searched) > 1, "needs two searched families to show the order"
+    last = searched[-1]
+    default = last.default(problem, hopper, "fwd")
+    fallback = next(knobs for name, choices in type(default).search_space().items() for value in choices
+                    if (knobs := replace(default, **{name: value})) != default
+                    and not last.violations(knobs, problem, hopper))  # a borrowed record's, say: not the default
+    batches = []
+
+    class Runner:  # times nothing; records what the search hands it, then lets the deadline pass
+        compilers = ()
+
+        def run(self, problem, variants, on_outcome, deadline=None):
+            batches.append(variants)
+            monkeypatch.setattr(tuner, "past", lambda deadline: True)
+            monkeypatch.setattr(search_module, "past", lambda deadline: True)
+            return [None for _ in variants]
+
+        def sdpa_ms(self, problem, direction):
+            return None
+
+    from autoflash.tune import search as search_module
+    store = Store(str(tmp_path / "user.db"))
+    tuner.tune_problem(problem, gpu=hopper, store=store, runner=Runner(), n_trials=8,
+                       deadline=time.monotonic() + 60, first=fallback)
+    store.close()
+    assert batches and batches[0][0] == fallback and all(k.family == last.name for k in batches[0]), batches
+    assert len(batches) == 1
 
 
 def start_rank(tmp_path, seqlen_q: int, budget_s: float, trials: int = on_miss.TRIALS) -> subprocess.Popen:

@@ -5,7 +5,9 @@ calls and processes find the record. The search compiles in worker processes (au
 COMPILE_WORKERS of them, so that they start in seconds on any host; the budget counts from then on, for all kernel
 families together (its setup included: the SDPA baseline, each family's space): no trial starts after it, and those
 started finish (seconds: compiled in parallel, then checked and timed one by one). So the first call waits the
-workers' start, the budget and the last trials.
+workers' start, the budget and the last trials. The first batch holds the fallback (what dispatch ran before, its
+family searched first), so that the record the search leaves is never a slower choice. The first call of a
+differentiable call tunes the backward too, by the same workers (a start of seconds saved).
 
 One choice per job. Data-parallel ranks must run the same variant of a problem, or their results differ
 numerically; so a rank never times on its own. The first process to reach an untuned problem claims it in the
@@ -36,6 +38,7 @@ from autoflash import codegen, gpu as gpus
 from autoflash.db.urls import configure_user_db, default_url
 from autoflash.dispatch import Dispatcher
 from autoflash.gpu import Gpu
+from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 
 MODES = ("off", "on-miss")
@@ -100,28 +103,32 @@ def settings() -> Settings:
     return _settings
 
 
-def settle(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) -> None:
-    """Where on-miss tuning is on: wait for the process tuning `problem`'s `direction`, or tune it here where no
-    database holds an exact record of it; then `dispatcher` reads the databases again (what it read before may
-    predate that tuning). Once per process, problem and direction."""
-    key = (problem, gpu.family, direction)
-    if settings().mode == "off" or key in _outcomes:
-        return
+def settle(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, directions: tuple[str, ...]) -> None:
+    """Where on-miss tuning is on: for each of `directions`, wait for the process tuning `problem` in it, or tune it
+    here where no database holds an exact record of it; then `dispatcher` reads the databases again (what it read
+    before may predate that tuning). Once per process, problem and direction. The forward's first call of a
+    differentiable call settles both directions: one start of the search's workers serves them."""
+    todo = [d for d in directions if settings().mode != "off" and (problem, gpu.family, d) not in _outcomes]
     # A process that multiprocessing is starting runs its parent's script: its parent may be the tuner it would
     # wait for, waiting for it in turn.
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
+    if not todo or getattr(multiprocessing.current_process(), "_inheriting", False):
         return
-    chosen = dispatcher.choice(problem, gpu, direction)
-    exact = _exact(chosen, problem)
-    if exact and chosen.source != default_url():  # tuned in a shipped database: on-miss never tunes it
-        _outcomes[key] = None
+    chosen = {d: dispatcher.choice(problem, gpu, d) for d in todo}
+    for direction, choice in chosen.items():
+        if _exact(choice, problem) and choice.source != default_url():  # tuned in a shipped database: never tuned
+            _outcomes[(problem, gpu.family, direction)] = None
+    todo = [d for d in todo if (problem, gpu.family, d) not in _outcomes]
+    if not todo:
         return
     try:
         from autoflash.db.store import Store  # the tune extra: SQLAlchemy, and Optuna for the search
         import optuna  # noqa: F401
     except ModuleNotFoundError as e:
-        _outcomes[key] = None if exact else f"not tuned: the tune extra is missing ({e.name})"
-        if not exact:
+        for direction in todo:
+            exact = _exact(chosen[direction], problem)
+            _outcomes[(problem, gpu.family, direction)] = None if exact else \
+                f"not tuned: the tune extra is missing ({e.name})"
+        if not all(_exact(chosen[d], problem) for d in todo):
             _warn_once("extra", "autoflash tunes on first use (AUTOFLASH_TUNE=1 or configure(tune='on-miss')) with "
                                 f"the tune extra, which is not installed ({e.name} is missing): pip install "
                                 "'autoflash[tune]'. Running untuned choices meanwhile.")
@@ -129,14 +136,19 @@ def settle(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) -
     try:
         store = Store()
         try:
-            _outcomes[key] = _tune_or_wait(store, problem, gpu, direction, settings().budget_s)
+            with _Workers() as workers:
+                for direction in todo:
+                    _outcomes[(problem, gpu.family, direction)] = _tune_or_wait(
+                        store, problem, gpu, direction, settings().budget_s, workers, chosen[direction].knobs)
         finally:
             store.close()
     except Exception as e:  # never the caller's failure: the fallback runs
-        _outcomes[key] = f"tuning failed ({type(e).__name__}: {e})"
-        _warn_once(type(e).__name__, f"autoflash could not tune {problem.label()} ({direction}) on first use: "
+        for direction in todo:
+            _outcomes.setdefault((problem, gpu.family, direction), f"tuning failed ({type(e).__name__}: {e})")
+        _warn_once(type(e).__name__, f"autoflash could not tune {problem.label()} ({', '.join(todo)}) on first use: "
                                      f"{type(e).__name__}: {e}. Running the untuned choice.")
-    dispatcher.forget(gpu.family, direction)
+    for direction in todo:
+        dispatcher.forget(gpu.family, direction)
 
 
 def outcome(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) -> str | None:
@@ -149,7 +161,8 @@ def outcome(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) 
     return f"on: the first {'call' if direction == 'fwd' else 'backward'} tunes it"
 
 
-def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float) -> str | None:
+def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float, workers: "_Workers",
+                  fallback: Knobs) -> str | None:
     """Wait for a live claim on the problem; else tune it where the store has no passed trial of it. What happened,
     for explain; None: nothing."""
     started = time.monotonic()
@@ -158,7 +171,7 @@ def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: f
             return None
         if store.claim_problem(gpu, problem, direction, budget_s + STARTUP_S + TRIAL_TIMEOUT_S):
             try:
-                return _tune(store, problem, gpu, direction, budget_s)
+                return _tune(store, problem, gpu, direction, budget_s, workers, fallback)
             finally:
                 store.release_problem(gpu, problem, direction)
     while store.problem_claim_live(gpu, problem, direction):  # ends with the claim's expiry at the latest
@@ -166,18 +179,45 @@ def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: f
     return f"waited {time.monotonic() - started:.1f} s for another process tuning it on first use"
 
 
-def _tune(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float) -> str | None:
+class _Workers:
+    """The search's worker processes, started by the first direction that tunes, shared by the next, stopped when
+    the call's tuning ends (each holds a GPU context: none outlives it)."""
+
+    def __init__(self):
+        self.runner, self.start_s = None, 0.0
+
+    def get(self):
+        if self.runner is None:
+            from autoflash.tune.runner import Runner, default_compile_workers
+
+            started, interpret = time.monotonic(), gpus.interpreting()
+            self.runner = Runner(interpret=interpret, trial_timeout=TRIAL_TIMEOUT_S,
+                                 compile_workers=min(COMPILE_WORKERS, default_compile_workers(interpret)))
+            self.start_s = time.monotonic() - started
+        return self.runner
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.runner is not None:
+            self.runner.close()
+
+
+def _tune(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float, workers: _Workers,
+          fallback: Knobs) -> str | None:
+    """Search `direction` for `budget_s` seconds from when the workers are up, `fallback` (what dispatch ran
+    before) in the first batch: the record it leaves is never a slower choice than the fallback."""
     if _has_trials(store, problem, gpu, direction):  # tuned between the first look and the claim
         return None
-    from autoflash.tune.runner import Runner, default_compile_workers
     from autoflash.tune.tuner import tune_problem
 
-    interpret = gpus.interpreting()
-    with Runner(interpret=interpret, compile_workers=min(COMPILE_WORKERS, default_compile_workers(interpret)),
-                trial_timeout=TRIAL_TIMEOUT_S) as runner:
-        report = tune_problem(problem, gpu=gpu, store=store, runner=runner, direction=direction, n_trials=TRIALS,
-                              deadline=time.monotonic() + budget_s)
-    return f"tuned here on first use: {report.trials} trials ({report.failures} failed) in {report.wall_s:.1f} s"
+    starting = workers.runner is None
+    runner = workers.get()
+    report = tune_problem(problem, gpu=gpu, store=store, runner=runner, direction=direction, n_trials=TRIALS,
+                          deadline=time.monotonic() + budget_s, first=fallback)
+    start = f" (and {workers.start_s:.1f} s starting the workers)" if starting else ""
+    return f"tuned here on first use: {report.trials} trials ({report.failures} failed) in {report.wall_s:.1f} s{start}"
 
 
 def _exact(chosen, problem: Problem) -> bool:

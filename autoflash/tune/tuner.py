@@ -141,21 +141,24 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
                  sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None,
                  deadline: float | None = None, seed: int | None = None,
                  on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None,
-                 family_names: list[str] | None = None) -> Report:
+                 family_names: list[str] | None = None, first: Knobs | None = None) -> Report:
     """Search `direction` variants of each of `family_names` (default: every family the tuner searches) for
     `problem` (`n_trials` per family) and record every trial. Trials already in the store count toward `n_trials`
     (a second run resumes) and are never timed again. A family with no variant that can run the problem is recorded
     as such. `time_budget`: seconds per family, after which no batch of trials starts (one under way finishes).
     `deadline` (a time.monotonic() time): no trial starts after it (those started finish), each family searching an
-    equal share of the time left to it."""
+    equal share of the time left to it. `first`: a variant its family's first batch times, that family searched
+    first (on-miss's fallback, what dispatch ran before: a search the deadline cuts short still times it)."""
     started = time.monotonic()
     sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     done, empty = {}, {}
     searched = [f for f in families.searched(direction) if family_names is None or f.name in family_names]
+    searched.sort(key=lambda f: first is None or f.name != first.family)
     for families_left, family in zip(range(len(searched), 0, -1), searched):
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
                                     sampler=sampler, n_trials=n_trials, time_budget=time_budget,
-                                    deadline=_share(deadline, families_left), seed=seed, on_trial=on_trial)
+                                    deadline=_share(deadline, families_left), seed=seed, on_trial=on_trial,
+                                    first=first)
         done |= found
         if why:
             empty[family.name] = why
@@ -199,7 +202,8 @@ def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, dir
 
 def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,
                    direction: str, sampler: str, n_trials: int, time_budget: float | None, deadline: float | None,
-                   seed: int | None, on_trial: Callable[[Knobs, float | None], None]) -> tuple[dict, str | None]:
+                   seed: int | None, on_trial: Callable[[Knobs, float | None], None],
+                   first: Knobs | None = None) -> tuple[dict, str | None]:
     """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new, and why no
     variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]
@@ -242,7 +246,7 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
         return done, why
 
     default = family.default(problem, gpu, direction)
-    guesses = [default, *upgraded_best(done, default), *earlier_best(store, gpu, problem, direction),
+    guesses = [first, default, *upgraded_best(done, default), *earlier_best(store, gpu, problem, direction),
                *nearest_tuned(store, gpu, problem, family.name, direction)]
     warm = [k.as_point() for k in guesses if k is not None and k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
