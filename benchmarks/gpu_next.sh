@@ -212,7 +212,7 @@ holdout)  # issue 18: dispatch's fallback on examples/holdout.yaml (no database 
     ;;
 on-miss)  # issue 18: tune on first use, three problems nobody tuned (first call's time, speed before and after)
     limit -s INT 560 python benchmarks/on_miss.py --budget-s "${BUDGET_S:-45}" --out "$out/${day}_${gpu}_on_miss.jsonl" \
-        2>&1 | grep -v Warn
+        --db-dir "$out/${day}_${gpu}_on_miss_dbs" 2>&1 | grep -v Warn
     ;;
 bwd-knobs)  # the tl backward's d128 records spill under triton 3.6 (NOTES 54): the points that do not, beside them
     limit -s INT "${BENCH_S:-300}" python benchmarks/gluon_bwd.py --bench fa_grid --variants '[

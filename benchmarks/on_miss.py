@@ -3,7 +3,9 @@ under `configure(tune="on-miss", budget_s=...)` (the search of both directions i
 calls before (what dispatch falls back to) and after, beside plain SDPA, in one run. Each run records in a new
 database of its own, so every problem starts untuned for this user.
 
-    python benchmarks/on_miss.py [--budget-s 60] [--out rows.jsonl]
+    python benchmarks/on_miss.py [--budget-s 60] [--out rows.jsonl] [--db-dir DIR]
+
+--db-dir keeps the user databases (user0.db, ...: every trial the searches timed) for reading afterwards.
 
 The problems were chosen before any was measured: shapes of no problems file (`autoflash show` lists the
 campaign), with head dims, head counts and lengths the campaign lacks.
@@ -80,11 +82,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=60.0, help="search seconds a problem and direction")
     parser.add_argument("--out", help="append a JSON line per problem to this file")
+    parser.add_argument("--db-dir", help="keep the user databases here (default: a temporary folder)")
     args = parser.parse_args()
     meta = dict(gpu=torch.cuda.get_device_name())
     with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.db_dir or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for i, (b, hq, hkv, s, d, causal, dtype) in enumerate(PROBLEMS):
-            row = measure(Problem(b, hq, hkv, s, s, d, causal, dtype), args.budget_s, Path(tmp) / f"user{i}.db")
+            row = measure(Problem(b, hq, hkv, s, s, d, causal, dtype), args.budget_s, folder / f"user{i}.db")
             print(json.dumps(row), flush=True)
             append_row(args.out, dict(row, **meta))
 

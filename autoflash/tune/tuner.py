@@ -147,8 +147,8 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     (a second run resumes) and are never timed again. A family with no variant that can run the problem is recorded
     as such. `time_budget`: seconds per family, after which no batch of trials starts (one under way finishes).
     `deadline` (a time.monotonic() time): no trial starts after it (those started finish), each family searching an
-    equal share of the time left to it. `first`: a variant its family's first batch times, that family searched
-    first (on-miss's fallback, what dispatch ran before: a search the deadline cuts short still times it)."""
+    equal share of the time left to it. `first`: a variant timed before anything else, deadline or not, its family
+    searched first (on-miss's fallback, what dispatch ran before: the search's choice is never slower)."""
     started = time.monotonic()
     sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     done, empty = {}, {}
@@ -218,16 +218,15 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
                            outcome.error, direction)
         done[knobs.to_json()] = outcome
 
-    def evaluate(points):
+    def evaluate(points, until=deadline):
         """Time the points no tuner has timed, as many as the store lets this one claim; wait for those another
-        tuner is timing; NOT_RUN for the rest (n_trials are timed or being timed, or the deadline came)."""
+        tuner is timing; NOT_RUN for the rest (n_trials are timed or being timed, or `until` came)."""
         wanted = [knobs_class(**p).to_json() for p in points]
-        while (todo := [k for k in dict.fromkeys(wanted) if k not in done]) and not past(deadline):
+        while (todo := [k for k in dict.fromkeys(wanted) if k not in done]) and not past(until):
             mine, theirs = store.claim(gpu, problem, fingerprint, direction, todo, n_trials)
             if mine:
                 try:
-                    runner.run(problem, [knobs_class.from_json(k) for k in mine], on_outcome=record,
-                               deadline=deadline)
+                    runner.run(problem, [knobs_class.from_json(k) for k in mine], on_outcome=record, deadline=until)
                 finally:
                     store.release_claims()
             elif not theirs:
@@ -240,13 +239,15 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     is_valid, valid_space = searched_space(family, problem, gpu, direction)
     if not all(valid_space.values()):
         space = knobs_class.search_space()
-        first = knobs_class(**{name: choices[0] for name, choices in space.items()})
+        example = knobs_class(**{name: choices[0] for name, choices in space.items()})
         why = (f"none of the {math.prod(map(len, space.values()))} {direction} variants can run it on {gpu.name}; "
-               f"e.g. {first.to_json()}: {'; '.join(family.violations(first, problem, gpu))}")
+               f"e.g. {example.to_json()}: {'; '.join(family.violations(example, problem, gpu))}")
         return done, why
 
+    if first is not None and first.family == family.name and is_valid(first.as_point()):
+        evaluate([first.as_point()], until=None)  # whatever the deadline leaves: the search's choice is never slower
     default = family.default(problem, gpu, direction)
-    guesses = [first, default, *upgraded_best(done, default), *earlier_best(store, gpu, problem, direction),
+    guesses = [default, *upgraded_best(done, default), *earlier_best(store, gpu, problem, direction),
                *nearest_tuned(store, gpu, problem, family.name, direction)]
     warm = [k.as_point() for k in guesses if k is not None and k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
