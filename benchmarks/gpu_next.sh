@@ -58,6 +58,8 @@
 #                                                                       per call: host time before, tests, after
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh mqa-split $OUT  # G-bwd22: uneven group splits, tests, then
 #                                                                       MQA 71:1 and GQA 7:1 backward before/after
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-split $OUT  # G-bwd23: the backward's head dim in two
+#                                                                       column tiles: tests, d160/d192 padded vs split
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
 # on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
@@ -368,6 +370,20 @@ mqa-split)  # NOTES G-bwd22 (branch mqa-split, its patch under results/mqa_split
     echo "mqa-split gpu tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_gpu_tests_mqa_split.log" | tail
     limit 120 python -m autoflash bench --shapes /tmp/mqa.yaml --mode bwd --out "$out/${day}_mqa_split_bwd.jsonl" 2>&1 |
         grep -v -i warn | tail -n 6
+    ;;
+bwd-split)  # NOTES G-bwd23 (branch bwd-split, its patch under results/bwd_split): on a copy of this tree with the
+           # patch (records re-keyed) the split's GPU tests and the defaults (the split at 144-192), then d160/d192
+           # (bf16, 16 heads, 16k tokens at 1k and 4k) padded to 256 columns in 32-row steps (main's default) beside
+           # the new default (two column tiles, 64-row steps) and plain SDPA
+    patched_copy bwd_split benchmarks/results/bwd_split/bwd-split.patch
+    limit 220 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_bwd.py tests/test_gpu_varlen.py \
+        -k "head_dim_split or test_defaults" > "$out/${day}_${gpu}_gpu_tests_bwd_split.log" 2>&1
+    echo "bwd-split gpu tests rc $?"
+    grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_bwd_split.log" | tail
+    limit 130 python benchmarks/gluon_bwd.py --bench split --out "$out/${day}_${gpu}_gluon_bwd_head_dim_split.jsonl" \
+        --variants '["default", {"head_dim_split": false, "block_m": 32}]' \
+        > "$out/${day}_${gpu}_gluon_bwd_head_dim_split.log" 2>&1
+    echo "bwd-split bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_head_dim_split.log"
     ;;
 skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): on a copy of this tree with the patch and
            # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice
