@@ -56,6 +56,8 @@
 #                                                                       checked out): tests, then beside the default
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh fwd-host $OUT  # G18: the Gluon forward's descriptors copied
 #                                                                       per call: host time before, tests, after
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh host-floor $OUT # host time per call, garbage collector on/off,
+#                                                                       the autograd backward profiled (NOTES 76)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh mqa-split $OUT  # G-bwd22: uneven group splits, tests, then
 #                                                                       MQA 71:1 and GQA 7:1 backward before/after
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-split $OUT  # G-bwd23: the backward's head dim in two
@@ -349,6 +351,14 @@ head-dim-split)  # NOTES G16, with the branch head-dim-split checked out (its da
         > "$out/${day}_gluon_head_dim_split.log" 2>&1
     echo "bench rc $?"; cat "$out/${day}_gluon_head_dim_split.log"
     python benchmarks/knob_ratio.py "$rows" head_dim_split
+    ;;
+host-floor)  # NOTES 76.(a): the host time of a call and of the autograd backward (dispatch's default choices), with
+            # Python's garbage collector on and off, then cProfile's top entries of the autograd backward
+    rows="$out/${day}_${gpu}_overhead_host_floor.jsonl"
+    limit 120 python benchmarks/overhead.py --out "$rows" 2>&1 | tail -1
+    limit 120 python benchmarks/overhead.py --no-gc --out "$rows" 2>&1 | tail -1
+    limit 120 python benchmarks/overhead.py --profile backward_autograd > "$out/${day}_${gpu}_overhead_bwd_profile.txt" 2>&1
+    head -40 "$out/${day}_${gpu}_overhead_bwd_profile.txt"
     ;;
 fwd-host)  # NOTES G18 (branch fwd-host, its patch under results/fwd_host): the Gluon forward's host time per call on
           # this tree, then on a copy with the patch (records re-keyed) its GPU tests and host time again

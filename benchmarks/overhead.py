@@ -10,10 +10,12 @@ a variant's `forward_plan` with autoflash/launch.py). Overhead is taken like for
 variant's plan launched through Triton's per-call argument binding (`kernel[grid](...)`), parts
 of attention's own work alone, and the backward variant's kernels started by its plan and through Triton's
 binding, and the whole backward through torch.autograd.grad; plain SDPA's forward and backward the same way.
+`--no-gc` times it all with Python's cyclic garbage collector off: what of the host time its collections take.
 """
 
 import argparse
 import datetime
+import gc
 import json
 import statistics
 import sys
@@ -72,6 +74,7 @@ def main():
     parser.add_argument("--knobs", default="{}", help="a change to the dispatched forward's knobs, as "
                         "benchmarks/forced_knobs.py takes one: '{\"family\": \"gluon\", \"default\": true}' times the "
                         "Gluon forward's default")
+    parser.add_argument("--no-gc", action="store_true", help="time with the cyclic garbage collector off")
     args = parser.parse_args()
     with forced_knobs(json.loads(args.knobs)):
         measure(args)
@@ -124,6 +127,9 @@ def measure(args):
         for _ in range(200):
             fn()
     torch.cuda.synchronize()
+    if args.no_gc:
+        gc.collect()
+        gc.disable()
     if args.profile:
         import cProfile
         import pstats
@@ -136,7 +142,9 @@ def measure(args):
     median = {f"{name}_us": t for name, t in host_us(fns).items()}
     over = {f"overhead_{call}_over_{base}_us": paired_overhead_us(fns[call], fns[base])
             for call, base in (("attention_into_out", "bare_launch"), ("attention", "bare_launch_with_output"))}
-    row = dict(bench="overhead", **median, **over, method="paired per-call medians", knobs=knobs.to_json(),
+    gc.enable()
+    row = dict(bench="overhead", **median, **over, method="paired per-call medians", gc=not args.no_gc,
+               knobs=knobs.to_json(),
                bwd_knobs=bwd_knobs.to_json(), forced=args.knobs, gpu=torch.cuda.get_device_name(),
                torch=torch.__version__, triton=triton.__version__, autoflash=autoflash.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

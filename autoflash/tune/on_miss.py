@@ -5,9 +5,10 @@ calls and processes find the record. The search compiles in worker processes (au
 COMPILE_WORKERS of them, so that they start in seconds on any host; the budget counts from then on, for all kernel
 families together (its setup included: the SDPA baseline, each family's space): no trial starts after it, and those
 started finish (seconds: compiled in parallel, then checked and timed one by one). So the first call waits the
-workers' start, the budget and the last trials. The first batch holds the fallback (what dispatch ran before, its
-family searched first), so that the record the search leaves is never a slower choice. The first call of a
-differentiable call tunes the backward too, by the same workers (a start of seconds saved).
+workers' start, the budget and the last trials. The fallback (what dispatch ran before) is timed first, whatever
+the budget leaves, and its family searched first, so that the record the search leaves is never a slower choice
+by the tuner's timing. The first call of a differentiable call tunes the backward too, by the same workers (a start
+of seconds saved).
 
 One choice per job. Data-parallel ranks must run the same variant of a problem, or their results differ
 numerically; so a rank never times on its own. The first process to reach an untuned problem claims it in the
@@ -158,7 +159,7 @@ def outcome(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, direction: str) 
         return _outcomes[key]
     if settings().mode == "off" or _exact(dispatcher.choice(problem, gpu, direction), problem):
         return None
-    return f"on: the first {'call' if direction == 'fwd' else 'backward'} tunes it"
+    return f"on: the first {'call' if direction == 'fwd' else 'differentiable call or backward'} tunes it"
 
 
 def _tune_or_wait(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float, workers: "_Workers",
@@ -207,7 +208,7 @@ class _Workers:
 def _tune(store, problem: Problem, gpu: Gpu, direction: str, budget_s: float, workers: _Workers,
           fallback: Knobs) -> str | None:
     """Search `direction` for `budget_s` seconds from when the workers are up, `fallback` (what dispatch ran
-    before) in the first batch: the record it leaves is never a slower choice than the fallback."""
+    before) timed first whatever the budget leaves: the record it leaves is never a slower choice than it."""
     if _has_trials(store, problem, gpu, direction):  # tuned between the first look and the claim
         return None
     from autoflash.tune.tuner import tune_problem
