@@ -125,11 +125,11 @@ def settle(dispatcher: Dispatcher, problem: Problem, gpu: Gpu, directions: tuple
         from autoflash.db.store import Store  # the tune extra: SQLAlchemy, and Optuna for the search
         import optuna  # noqa: F401
     except ModuleNotFoundError as e:
+        untuned = [d for d in todo if not _exact(chosen[d], problem)]
         for direction in todo:
-            exact = _exact(chosen[direction], problem)
-            _outcomes[(problem, gpu.family, direction)] = None if exact else \
-                f"not tuned: the tune extra is missing ({e.name})"
-        if not all(_exact(chosen[d], problem) for d in todo):
+            _outcomes[(problem, gpu.family, direction)] = \
+                f"not tuned: the tune extra is missing ({e.name})" if direction in untuned else None
+        if untuned:
             _warn_once("extra", "autoflash tunes on first use (AUTOFLASH_TUNE=1 or configure(tune='on-miss')) with "
                                 f"the tune extra, which is not installed ({e.name} is missing): pip install "
                                 "'autoflash[tune]'. Running untuned choices meanwhile.")
