@@ -13,6 +13,8 @@ from triton.runtime.jit import MockTensor
 
 from gluon_sm90 import TEMPLATES, _TorchDtype, compile_kernel, descriptor, load, ptxas_report
 
+from autoflash.resources import launcher
+
 TEMPLATE = "gluon/attn_bwd.py.jinja"
 
 
@@ -31,24 +33,26 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     for sm_90 (triton's CompiledKernel)."""
     captures = 1 if mask_mod == "documents" else 0
     row = 2 * (16 + 1)  # (the block table's row: 1000 queries in up to 16 blocks)
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    launch = _launcher()
-    q, kv = (descriptor(rows, head_dim, dtype) for rows in (knobs["block_m"],
-                                                             launch._block_n(block_d, knobs["warpgroups"])))
-    dkv = descriptor(64, head_dim, "float32" if knobs["group_splits"] > 1 else dtype,  # (fp32 sums where split)
-                     columns=launch._dkv_columns(block_d, knobs["warpgroups"]))
-    dq_block = [1, 1, *launch._dq_share(knobs["block_m"], block_d, knobs["warpgroups"])]
-    shape = [2, 4, 1000, head_dim]
-    dq = TensorDescriptor(MockTensor(_TorchDtype("float32"), shape), shape,
-                          [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1], dq_block,
-                          gl.NVMMASharedLayout.get_default_for(dq_block, gl.float32))
+    block_d, block_d2 = launcher("common", "columns").column_tiles(knobs, head_dim)  # (as the launcher splits)
+    launch, wg, shape = _launcher(), knobs["warpgroups"], [2, 4, 1000, head_dim]
+    tiles = []
+    for width in (block_d, block_d2) if block_d2 else (block_d,):  # (the second column tile's seven again)
+        q, kv = (descriptor(rows, head_dim, dtype, width) for rows in (knobs["block_m"],
+                                                                       launch._block_n(width, wg, block_d2)))
+        dkv = descriptor(64, head_dim, "float32" if knobs["group_splits"] > 1 else dtype,  # (fp32 sums where split)
+                         columns=launch._dkv_columns(width, wg, block_d2))
+        dq_block = [1, 1, *launch._dq_share(knobs["block_m"], width, wg, block_d2)]
+        dq = TensorDescriptor(MockTensor(_TorchDtype("float32"), shape), shape,
+                              [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1], dq_block,
+                              gl.NVMMASharedLayout.get_default_for(dq_block, gl.float32))
+        tiles += [q, kv, kv, q, dkv, dkv, dq]
     rows = TensorDescriptor(MockTensor(_TorchDtype("float32"), [8, 1000]), [8, 1000], [1000, 1],
                             [1, knobs["block_m"]], gl.NVMMASharedLayout.get_default_for([1, knobs["block_m"]],
                                                                                          gl.float32))
     if "VARLEN" in variants:  # lse and delta by plain loads over the packed rows
         rows = MockTensor(_TorchDtype("float32"), [8 * 1000])
     slopes = (MockTensor(_TorchDtype("float32"), [4]),) if "ALIBI" in variants else ()
-    args = (q, kv, kv, q, dkv, dkv, dq, rows, rows, *slopes,  # q, k, v, do, dk, dv, dq; lse, delta; ALiBi's slopes
+    args = (*tiles, rows, rows, *slopes,  # q, k, v, do, dk, dv, dq (a column tile's); lse, delta; ALiBi's slopes
             *((*(MockTensor(_TorchDtype("int32"), [1000]) for _ in range(captures)),  # the captures, the block table
                MockTensor(_TorchDtype("int32"), [4 * 16 * row])) if mask_mod else ()),
             0.1, 4, 2, 1000, 1000,  # scale, heads_q, heads_kv, seqlens
@@ -64,7 +68,7 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
 
 
 DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, dq_writer=False,
-               dq_turns=False, dv_late=False, uneven_groups=False)  # the family's default
+               dq_turns=False, dv_late=False, uneven_groups=False, head_dim_split=False)  # the family's default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
 # each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
 # same keys with dK's and dV's columns split (32-row steps, dQ^T); GQA groups split over programs
@@ -135,7 +139,20 @@ CASES = [({}, 128, "float16", False),
          (dict(block_m=32), 256, "bfloat16", True, ["MASK_MOD"], "prefix-lm"),
          (dict(group_splits=2), 128, "bfloat16", True, ["MASK_MOD"], "documents"),
          (dict(dq_writer=True), 128, "bfloat16", True, ["MASK_MOD"], "documents"),
-         (dict(dq_turns=True), 64, "bfloat16", True, ["MASK_MOD"], "documents")]
+         (dict(dq_turns=True), 64, "bfloat16", True, ["MASK_MOD"], "documents"),
+         # the head dim in two column tiles (160 = 128 + 32, 192 = 128 + 64, 144 = 128 + 16): both warpgroups on 64
+         # keys, each one tile's dK, dV and dQ, in 64-row steps (32 where the second tile has 64 columns)
+         (dict(head_dim_split=True), 160, "bfloat16", True),
+         (dict(head_dim_split=True), 160, "float16", False),
+         (dict(head_dim_split=True), 192, "bfloat16", True),
+         (dict(head_dim_split=True, dv_late=True), 192, "float16", False),
+         (dict(head_dim_split=True, block_m=32), 192, "bfloat16", True),
+         (dict(head_dim_split=True, group_splits=2), 160, "bfloat16", True),
+         (dict(head_dim_split=True, group_splits=2, uneven_groups=True), 192, "bfloat16", True),
+         (dict(head_dim_split=True), 160, "bfloat16", True, ["VARLEN"]),
+         (dict(head_dim_split=True, group_splits=2), 192, "bfloat16", False, ["VARLEN"]),
+         (dict(head_dim_split=True), 144, "bfloat16", True, ["WINDOW", "SOFTCAP", "ALIBI"]),
+         (dict(head_dim_split=True), 160, "bfloat16", True, ["MASK_MOD"], "documents")]
 
 
 def report(cases) -> list[dict]:

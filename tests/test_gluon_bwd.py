@@ -124,10 +124,15 @@ def test_dv_late(head_dim, dtype, causal):
 def test_window_softcap_alibi(knobs, case):
     """The Gluon backward's fixed variants (rendered with their gates) against the fp64 reference's gradients, GQA,
     ragged and unequal lengths; head dims past 128 in 32-row steps."""
-    causal, window, softcap, alibi = case
     shapes = ([(2, 8, 2, 1000, 1000, 128), (1, 4, 2, 4097, 123, 64), (1, 4, 2, 123, 4097, 64)]
               if knobs.block_m == 64 else [(1, 4, 2, 1000, 1000, 256), (1, 2, 1, 123, 777, 192)])
-    for i, shape in enumerate(s for s in shapes if not knobs.dq_turns or s[-1] <= 64):  # (dq_turns: to d64)
+    _check_fixed_variants(knobs, case, [s for s in shapes if not knobs.dq_turns or s[-1] <= 64])  # (dq_turns: to d64)
+
+
+def _check_fixed_variants(knobs, case, shapes):
+    """`case` (causal, window, softcap, ALiBi) on each of `shapes` against the fp64 reference's gradients."""
+    causal, window, softcap, alibi = case
+    for i, shape in enumerate(shapes):
         q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", seed=i)
         slopes = variant_slopes(alibi, q, i)
         problem = Problem.from_tensors(q, k, causal, window, softcap > 0, slopes is not None)
@@ -145,6 +150,32 @@ def test_window_softcap_alibi(knobs, case):
                                                 alibi_slopes=slopes)
         for name, error in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
             assert error < GRAD_TOLERANCE[q.dtype], f"{shape} {case}: {name} relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("head_dim", [80, 96, 144, 160, 192])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_split_backward(head_dim, dtype, causal):
+    """The head dim in two column tiles (NOTES G-bwd23: 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64), both
+    warpgroups on the program's 64 keys, each one tile's dK, dV and dQ: the eight lengths of LENGTHS (odd, one-row,
+    unequal), GQA 4:1 (its query heads over one or two programs) and MHA, with dV's late wgmma and 32-row steps
+    where they run, gradients poisoned, against the fp64 reference. Refused at 80 and 96 (rendered past 128)."""
+    changes = [{}, dict(dv_late=True), dict(group_splits=2), dict(block_m=32 if head_dim == 192 else 64)]
+    for i, (seqlen_q, seqlen_k) in enumerate(LENGTHS):
+        shape = (2, 8, 2, seqlen_q, seqlen_k, head_dim) if i % 2 == 0 else (1, 4, 4, seqlen_q, seqlen_k, head_dim)
+        knobs = BwdKnobs(head_dim_split=True, **changes[i % len(changes)])
+        why = violations(knobs, Problem(*shape, causal, str(dtype).removeprefix("torch.")), H100)
+        if head_dim <= 128:
+            assert any("past head dim 128" in w for w in why), why
+            continue
+        assert not why, why
+        assert run_variant(knobs, shape, dtype, "cuda", causal, transposed=i % 4 == 1, seed=i)
+
+
+@pytest.mark.parametrize("case", VARIANT_CASES[:2] + VARIANT_CASES[5:7] + [(True, (256, -1), 30.0, "heads")], ids=str)
+def test_head_dim_split_backward_with_variants(case):
+    """The split backward with the fixed variants (window, softcap, ALiBi: S^T's path, over both column tiles)."""
+    _check_fixed_variants(BwdKnobs(head_dim_split=True), case, [(1, 4, 2, 1000, 1000, 160), (1, 2, 1, 123, 777, 192)])
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -18,7 +18,7 @@ from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memor
                                             default_knobs, fit, for_call, shared_memory_bytes, violations)
 from autoflash.gpu import KNOWN
 from autoflash.launch import compile_launch
-from autoflash.problem import Problem
+from autoflash.problem import VARIANTS, Problem
 from autoflash.resources import launcher
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -169,8 +169,10 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
     # At d128 S^T, dP^T, P^T's copy, dK and dV take ~232 of a consumer's 240 registers: a few loop scalars
     # spill (132 B under triton 3.6; NOTES G-bwd3), reloaded once a step; softcapping's tanh, live from S^T to
     # dS^T, 352 B more (NOTES G-bwd15); a mask_mod's walk of its block table's lists, 40-88 B under triton 3.9,
-    # 332-336 B beside the dQ writer's slots (NOTES G-bwd19).
-    spill = 512 if "SOFTCAP" in variants and head_dim <= 128 else 384 if "MASK_MOD" in variants else 256
+    # 332-336 B beside the dQ writer's slots (NOTES G-bwd19). The head dim in two column tiles gives the first
+    # warpgroup a d128 warpgroup's dK and dV in 64-row steps: d128's figures (NOTES G-bwd23).
+    softcap = "SOFTCAP" in variants and (head_dim <= 128 or knobs.head_dim_split)
+    spill = 512 if softcap else 384 if "MASK_MOD" in variants else 256
     _assert_fits(row, knobs, problem, bwd_shared_memory_bytes(knobs, problem), spill_bytes=spill)
     assert row["wgmma"] >= 5, row  # S^T, dP^T, dV, dK, dQ: asynchronous wgmma each
 
@@ -203,6 +205,14 @@ def test_backward_cases_cover_the_defaults():
     (BwdKnobs(block_m=128), _problem(head_dim=64), H100, "registers"),
     (BwdKnobs(block_m=128, num_buffers=3), _problem(), H100, "shared memory"),
     (BwdKnobs(), Problem(4096, 32, 8, 128, 128, 128, False, "float16"), H100, "grid's y axis"),
+    (BwdKnobs(head_dim_split=True), _problem(head_dim=128), H100, "64 + 64 are no fewer than one tile of 128"),
+    (BwdKnobs(head_dim_split=True, block_m=32), _problem(head_dim=256), H100, "128 + 128"),
+    (BwdKnobs(head_dim_split=True), _problem(head_dim=96), H100, "rendered past head dim 128"),
+    (BwdKnobs(head_dim_split=True, warpgroups=1), _problem(head_dim=160), H100, "two warpgroups one column tile"),
+    (BwdKnobs(head_dim_split=True, dq_writer=True), _problem(head_dim=160), H100, "no dQ writer"),
+    (BwdKnobs(head_dim_split=True, block_m=32), _problem(head_dim=160), H100, "64 rows of the second tile, it has 32"),
+    (BwdKnobs(head_dim_split=True, block_m=32, group_splits=2), _problem(head_dim=192), H100, "128 rows"),
+    (BwdKnobs(head_dim_split=True, num_buffers=3), _problem(head_dim=192), H100, "shared memory"),
 ])
 def test_backward_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
@@ -218,6 +228,83 @@ def test_backward_default_is_valid(head_dim, causal, dtype):
         assert isinstance(knobs, BwdKnobs) and violations(knobs, problem, H100) == []
     assert default_knobs(_problem(head_dim), KNOWN["a100"], "bwd") is None
     assert default_knobs(_problem(320), H100, "bwd") is None  # the tl family's
+
+
+@pytest.mark.parametrize("head_dim", [72, 80, 96, 128, 144, 160, 192, 200, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_default_splits_the_head_dim_past_128_where_it_pays(head_dim, causal):
+    """Past head dim 128 where the two column tiles drop a quarter of the padded one's columns (144, 160, 192: the
+    forward's rule) in 64-row steps, which the padded tile's shared memory does not hold (NOTES G-bwd23); not at
+    72-96 (the backward's split is rendered past 128), 200 (128 + 128) or 256; GQA groups split as unsplit."""
+    for problem in (_problem(head_dim, causal=causal), Problem(2, 16, 4, 4096, 4096, head_dim, causal, "bfloat16")):
+        knobs = default_knobs(problem, H100, "bwd")
+        split = head_dim in (144, 160, 192)
+        assert knobs.head_dim_split == split and violations(knobs, problem, H100) == []
+        if split:
+            assert knobs.block_m == 64 and knobs.group_splits == (2 if causal and problem.seqlen_q >= 2048 else 1)
+            padded = dataclasses.replace(knobs, head_dim_split=False)
+            assert bwd_shared_memory_bytes(knobs, problem) < bwd_shared_memory_bytes(padded, problem)
+            assert any("shared memory" in why for why in violations(padded, problem, H100))
+    packed = dataclasses.replace(_problem(160), variants=frozenset({"VARLEN"}))
+    assert default_knobs(packed, H100, "bwd").head_dim_split
+
+
+def test_backward_render_without_the_split_is_the_base_commits(tmp_path):
+    """head_dim_split off, the backward renders byte for byte as before the split (G-bwd22's commit, 88bf1c5): 60
+    random knob points x the gate sets (plain, window, softcap + ALiBi, all three, packed, a mask_mod), so its
+    records re-key (benchmarks/rekey_records.py) instead of being tuned again. The header's knobs line aside."""
+    import random
+    import shutil
+
+    import jinja2
+
+    root = codegen.data_dir("templates")
+    shutil.copytree(root, tmp_path, dirs_exist_ok=True)
+    try:
+        base = subprocess.run(["git", "show", "88bf1c5:templates/gluon/attn_bwd.py.jinja"], cwd=root.parent,
+                              check=True, capture_output=True, text=True).stdout
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pytest.skip("needs the git history of a source checkout")
+    (tmp_path / "gluon" / "attn_bwd.py.jinja").write_text(base)
+    options = dict(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    envs = [jinja2.Environment(loader=jinja2.FileSystemLoader(path), **options) for path in (tmp_path, root)]
+    space = {k: v for k, v in BwdKnobs.choices().items() if k not in ("family", "head_dim_split")}
+    rng = random.Random(5)
+    for _ in range(60):
+        context = BwdKnobs(**{k: rng.choice(v) for k, v in space.items()}).template_context()
+        for gates in ((), ("WINDOW",), ("SOFTCAP", "ALIBI"), ("WINDOW", "SOFTCAP", "ALIBI"), ("VARLEN",),
+                      ("MASK_MOD",)):
+            common = dict(TEMPLATE="t", FINGERPRINT="f", AUTOFLASH_VERSION="v", TRITON_VERSION="t", EXTRA_HEADER=(),
+                          KNOBS_JSON="k", MASK_MOD_SOURCE="def _mask_mod(b, h, q, k):\n    return q >= k\n",
+                          MASK_MOD_CAPTURES=1, **{name: name in gates for name in VARIANTS}, **context)
+            before, now = (env.get_template("gluon/attn_bwd.py.jinja").render(**common) for env in envs)
+            assert now == before, (context, gates)
+
+
+def test_backward_split_plan_reads_each_column_tile_by_descriptors_of_its_own():
+    """The split plan's sixteen descriptors: q, k, v, dO, dK, dV and dQ's fp32 sum in the first tile's blocks (128
+    columns), the same seven over the same tensors in the second's (32 columns, read from column 128 by the
+    kernel), then lse2 and delta; 64 keys a program; BLOCK_D the first tile's, the delta kernel's the padded."""
+    from autoflash import codegen
+
+    q, k = torch.empty(2, 4, 100, 160, dtype=torch.bfloat16), torch.empty(2, 2, 90, 160, dtype=torch.bfloat16)
+    lse, compiled = torch.empty(2, 4, 100), {}
+
+    def compile(kernel, grid, args, options, tensor_count):
+        compiled[kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__] = (grid, args, options,
+                                                                                      tensor_count)
+        return lambda *tensors: None
+    knobs = BwdKnobs(head_dim_split=True)
+    codegen.load(knobs).backward_plan(q, k, k, q, lse, q, q, k, k, 0.125, False, None, compile=compile)
+    grid, args, options, tensor_count = compiled["attn_bwd"]
+    assert tensor_count == 16 and options["BLOCK_D"] == 128 and grid == (2, 2 * 2)  # (90 keys: two blocks of 64)
+    assert compiled["_attn_bwd_delta"][2]["BLOCK_D"] == 256
+    first, second = args[:7], args[7:14]
+    for one, two, rows in zip(first, second, (64, 64, 64, 64, 64, 64, 64)):
+        assert one.base is two.base and list(one.shape) == list(two.shape) == list(one.base.shape)
+        assert list(one.block_shape) == [1, 1, rows, 128] and list(two.block_shape) == [1, 1, rows, 32]
+    assert [d.layout.element_bitwidth for d in args[4:7]] == [16, 16, 32]
+    assert list(args[14].block_shape) == [1, 64]
 
 
 def test_backward_refuses_deterministic_calls():

@@ -218,6 +218,18 @@ def test_gluon_varlen_backward_uneven_groups(causal, monkeypatch):
     assert forced and all(knobs.uneven_groups for knobs in forced)
 
 
+@pytest.mark.parametrize("change", [{}, dict(group_splits=2), dict(dv_late=True)],
+                         ids=["default", "split_2", "dv_late"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_q, heads_kv, head_dim", [(8, 2, 160), (4, 4, 192), (4, 1, 144)])
+def test_gluon_varlen_backward_head_dim_split(change, causal, heads_q, heads_kv, head_dim, monkeypatch):
+    """The packed backward with the head dim in two column tiles (NOTES G-bwd23): dK and dV of the second tile
+    stored from registers from column 128, masked to the sequence and head_dim; empty sequences, GQA, MHA, MQA."""
+    forced = _force_gluon(monkeypatch, "bwd", dict(change, head_dim_split=True))
+    _assert_forward_backward(LENGTHS_Q, LENGTHS_K, heads_q, heads_kv, head_dim, torch.bfloat16, causal, seed=23)
+    assert forced and all(knobs.head_dim_split for knobs in forced)
+
+
 @pytest.mark.parametrize("change", [{}, dict(block_m=128), dict(warpgroups=1, group_splits=1), dict(num_buffers=3),
                                     dict(group_splits=1), dict(group_splits=2), dict(group_splits=4),
                                     dict(dq_writer=True)],

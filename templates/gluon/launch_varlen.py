@@ -84,15 +84,16 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
     _, heads_q, total_q, head_dim = q.shape
     heads_kv, total_k = k.shape[1], k.shape[2]
     batch = cu_seqlens_q.numel() - 1
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    block_n = base_bwd._block_n(block_d, knobs["warpgroups"])
+    block_d = max(16, triton.next_power_of_2(head_dim))  # (the delta kernel's, masked to head_dim)
+    tile_d, tile_d2 = base.columns.column_tiles(knobs, head_dim)  # (the main kernel's column tiles)
+    block_n = base_bwd._block_n(tile_d, knobs["warpgroups"], tile_d2)
     splits = knobs["group_splits"]
     entries = triton.cdiv(total_k, block_n) + batch  # bounds the (sequence, key block) pairs before the lengths
     rows = base_bwd._rows(q)  # (example tensors: each call allocates its own)
     dq_sum, = base_bwd._sums(dq)  # (zeroed by the delta kernel)
     dkv_sum = base_bwd._sums(dk, dv) if splits > 1 else (dk, dv)
-    descriptors = base_bwd._descriptor_maker((q, k, v, dout, *dkv_sum, dq_sum), knobs["block_m"], block_d,
-                                             knobs["warpgroups"])  # (lse2 and delta have none)
+    descriptors = base_bwd._descriptor_maker((q, k, v, dout, *dkv_sum, dq_sum), knobs["block_m"], tile_d,
+                                             knobs["warpgroups"], tile_d2)  # (lse2 and delta have none)
     delta_launch = compile(
         kernels._attn_bwd_delta, (triton.cdiv(total_q, base_bwd.DELTA_ROWS), heads_q),
         (out, dout, lse, lse if dlse is None else dlse, rows, rows, dq_sum, *out.stride()[:3], *dout.stride()[:3],
@@ -104,7 +105,7 @@ def varlen_backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, cu
         (*descriptors(q, k, v, dout, *dkv_sum, dq_sum), rows, rows, softmax_scale, heads_q, heads_kv, total_q,
          total_k, cu_seqlens_q, cu_seqlens_k, table, dk, dv, rows.stride(0), *dk.stride()[1:3], *dv.stride()[1:3],
          head_dim),
-        dict(BLOCK_D=block_d, IS_CAUSAL=bool(causal), num_warps=4), 9, BWD_VARLEN_ARGS)
+        dict(BLOCK_D=tile_d, IS_CAUSAL=bool(causal), num_warps=4), 16 if tile_d2 else 9, BWD_VARLEN_ARGS)
 
     device_table = tables.device_tiles(compile, cu_seqlens_k, cu_seqlens_q, 1, block_n, False, entries,
                                        keys_are_offsets=True)

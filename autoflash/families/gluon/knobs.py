@@ -83,9 +83,14 @@ class BwdKnobs(Knobs):
     uneven_groups: bool = knob(False, (False, True), "(group_splits not dividing the group: MQA 71:1, GQA 7:1) each "
                                                      "program walks ceil(group / group_splits) query heads, the "
                                                      "last of a group fewer")
+    head_dim_split: bool = knob(False, (False, True),
+                                "(past head dim 128) the head dim as two column tiles, the largest power of two below "
+                                "it and one for the rest, instead of one padded to a power of two: 160 computes 128 + "
+                                "32 columns, not 256 (S^T and dP^T two chained wgmmas each; each warpgroup owns one "
+                                "tile's dK, dV and dQ)")
 
 
-def column_tiles(knobs: FwdKnobs, problem: Problem) -> tuple[int, ...]:
+def column_tiles(knobs: FwdKnobs | BwdKnobs, problem: Problem) -> tuple[int, ...]:
     """Widths of the column tiles Q, K, V and O span, as the launcher splits them (templates/common/launch_columns.py):
     the head dim padded to a power of two, or with head_dim_split the largest power of two below it and the rest
     padded."""
@@ -105,9 +110,14 @@ def bwd_tiles(knobs: BwdKnobs, head_dim: int) -> tuple[int, int, int, int]:
     """(keys of a program, dK/dV columns of a consumer, rows and columns of the share of dQ each consumer adds by
     TMA) for `head_dim`: 64 keys a consumer warpgroup with all their dK/dV columns up to head dim 128, past it the
     program's 64 keys with the columns split; dQ in 64-column slices where the head dim has one a warpgroup, else
-    64-row slices, else all of it from the warpgroup's own dS^T. The launcher's `_block_n`, `_dkv_columns` and
-    `_dq_share` (which need no autoflash: a test holds them equal)."""
+    64-row slices, else all of it from the warpgroup's own dS^T; with head_dim_split the first warpgroup's: the
+    program's 64 keys and every row and column of the first column tile (the second warpgroup's, of the second
+    tile). The launcher's `_block_n`, `_dkv_columns` and `_dq_share` (which need no autoflash: a test holds them
+    equal)."""
     d, wg, m = head_dim_pad(head_dim), knobs.warpgroups, knobs.block_m
+    if knobs.head_dim_split:
+        first = launcher("common", "columns").column_tiles({"head_dim_split": True}, head_dim)[0]
+        return 64, first, m, first
     block_n, dkv = (64 * wg, d) if d <= 128 else (64, d // wg)
     if d % (64 * wg) == 0:
         dq = (m, d // wg)
@@ -120,13 +130,16 @@ def bwd_tiles(knobs: BwdKnobs, head_dim: int) -> tuple[int, int, int, int]:
 
 def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
     """K and V, the ring's Q, dO (and fp32 lse, delta) tiles, two dS^T tiles of each consumer's keys, each
-    consumer's fp32 share of dQ (two with dq_writer). Measured on sm_90 compiles (NOTES G-bwd3, G-bwd6): d128, 2 warpgroups, 2 slots
-    of 64 rows: 198080 B (this gives 198656); d64: 132512 (133120); d256 in 32-row steps: 181184 (182272)."""
-    d, size = head_dim_pad(problem.head_dim), problem.element_size
+    consumer's fp32 share of dQ (two with dq_writer; with head_dim_split each its column tile's). Measured on sm_90
+    compiles (NOTES G-bwd3, G-bwd6, G-bwd23): d128, 2 warpgroups, 2 slots of 64 rows: 198080 B (this gives 198656);
+    d64: 132512 (133120); d256 in 32-row steps: 181184 (182272); split d160 (128 + 32) in 64-row steps 198192
+    (198656), d192 (128 + 64) 230960 (231424)."""
+    d, size = sum(column_tiles(knobs, problem)), problem.element_size
     block_n, _, dq_rows, dq_cols = bwd_tiles(knobs, problem.head_dim)
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
     ds = 2 * 64 * knobs.warpgroups * knobs.block_m * size
-    dq = 4 * knobs.warpgroups * dq_rows * dq_cols * (2 if knobs.dq_writer else 1)
+    dq = 4 * (dq_rows * d if knobs.head_dim_split else knobs.warpgroups * dq_rows * dq_cols) * (
+        2 if knobs.dq_writer else 1)
     return 2 * block_n * d * size + ring + ds + dq + MBARRIER_BYTES
 
 
@@ -274,12 +287,38 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
                    "dims to 64 in steps under 128 rows)")
     if knobs.dq_turns and knobs.dq_writer:
         why.append("dq_turns hands no tile to the dQ writer on the steps where a warpgroup skips dQ")
+    if knobs.head_dim_split:
+        why += _bwd_head_dim_split_violations(knobs, problem)
     smem = bwd_shared_memory_bytes(knobs, problem)
     if smem > gpu.shared_memory_per_block:
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
     need = bwd_registers(knobs, problem)
     if need > BWD_CONSUMER_REGISTERS:
         why.append(f"a consumer thread needs ~{need} registers, it gets {BWD_CONSUMER_REGISTERS}")
+    return why
+
+
+def _bwd_head_dim_split_violations(knobs: BwdKnobs, problem: Problem) -> list[str]:
+    """The backward's split is rendered past head dim 128, where two warpgroups share the program's 64 keys: each
+    owns one column tile's dK, dV and dQ (the first 128 columns, the second the rest), both compute S^T and dP^T
+    over both tiles. At head dims 72-96 that would double S^T's and dP^T's work against the padded tile's kernel of
+    each warpgroup's own keys (NOTES G-bwd23); packed sequences, the fixed variants and mask_mods take it."""
+    why = []
+    tiles, padded = column_tiles(knobs, problem), head_dim_pad(problem.head_dim)
+    if sum(tiles) >= padded:
+        why.append(f"head_dim_split: column tiles {' + '.join(map(str, tiles))} are no fewer than one tile of {padded}")
+    elif padded <= 128:
+        why.append(f"the backward's head_dim_split is rendered past head dim 128 (two warpgroups on the same keys, a "
+                   f"column tile each), not at {problem.head_dim}")
+    if knobs.warpgroups != 2:
+        why.append("head_dim_split gives each of two warpgroups one column tile")
+    if knobs.dq_writer:
+        why.append("head_dim_split: each warpgroup adds its column tile's dQ itself (no dQ writer)")
+    if knobs.block_m < 64 and tiles[-1] < 64:
+        why.append(f"head_dim_split: dQ^T of 32-row steps needs 64 rows of the second tile, it has {tiles[-1]}")
+    if knobs.group_splits > 1 and knobs.num_buffers * knobs.block_m < 128:
+        why.append("head_dim_split with split groups stages the first tile's fp32 dK and dV in the ring's Q and dO "
+                   "tiles: num_buffers x block_m must reach 128 rows")
     return why
 
 
@@ -322,10 +361,15 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         late = (d <= 64 or not problem.causal) and d <= 128 and problem.window == (-1, -1) and not problem.gates() & {
             "VARLEN", "MASK_MOD"}
         splits, uneven = _group_splits(group, 4 if d <= 64 else 2)
-        knobs = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven, dq_turns=turns,
-                         dv_late=late)
-        candidates = (knobs, replace(knobs, group_splits=1, uneven_groups=False),
-                      replace(knobs, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False))
+        unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
+                           dq_turns=turns, dv_late=late)
+        # (past head dim 128 where the split pays: two column tiles in 64-row steps, which the padded tile's shared
+        # memory does not hold; NOTES G-bwd23)
+        split = d > 128 and _split_pays(problem)
+        knobs = replace(unsplit, block_m=64, head_dim_split=True) if split else unsplit
+        candidates = (knobs, replace(knobs, group_splits=1, uneven_groups=False), unsplit,
+                      replace(unsplit, group_splits=1, uneven_groups=False),
+                      replace(unsplit, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False))
     else:
         three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
         split = _split_pays(problem)
