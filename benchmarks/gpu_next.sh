@@ -62,6 +62,8 @@
 #                                                                       MQA 71:1 and GQA 7:1 backward before/after
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-split $OUT  # G-bwd23: the backward's head dim in two
 #                                                                       column tiles: tests, d160/d192 padded vs split
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh split-retune $OUT  # after G-bwd23: the campaign's d160/d192
+#                                                                       backward records searched one trial further (79)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
 # on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
@@ -394,6 +396,24 @@ bwd-split)  # NOTES G-bwd23 (branch bwd-split, its patch under results/bwd_split
         --variants '["default", {"head_dim_split": false, "block_m": 32}]' \
         > "$out/${day}_${gpu}_gluon_bwd_head_dim_split.log" 2>&1
     echo "bwd-split bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_head_dim_split.log"
+    ;;
+split-retune)  # after G-bwd23 (NOTES 79): the campaign's head-dim 160/192 prefill problems, whose backward records
+              # predate head_dim_split (re-keyed, padded), searched one trial further: the warm start times the new
+              # default (the split) first; merged, then what the database says of them
+    python - <<'PY'  # batch x seqlen = 32768 as in examples/campaign/prefill.yaml: one row a (batch, seqlen) pair
+import yaml
+rows = [{"batch": b, "heads_q": 32, "heads_kv": [32, 4], "seqlen_q": s, "head_dim": [160, 192], "causal": [False, True],
+         "dtype": "bfloat16"} for b, s in ((64, 512), (16, 2048), (4, 8192), (1, 32768))]
+yaml.safe_dump({"problems": rows}, open("/tmp/split.yaml", "w"))
+PY
+    cp tuning_db/$gpu.db /tmp/split.db
+    limit 420 python -m autoflash tune --gpu "$gpu" --mode bwd --families gluon --shapes /tmp/split.yaml \
+        --trials "${TRIALS:-4}" --db /tmp/split.db > "$out/${day}_${gpu}_split_retune.log" 2>&1
+    echo "split retune rc $?"; tail -n 4 "$out/${day}_${gpu}_split_retune.log"
+    python -m autoflash merge --into tuning_db/$gpu.db /tmp/split.db --current-only --standalone
+    cp tuning_db/$gpu.db "$out/$gpu.db"
+    python benchmarks/campaign_summary.py tuning_db/$gpu.db "$gpu" /tmp/split.yaml:bwd \
+        --out "$out/${day}_${gpu}_split_retune_summary.jsonl" 2>&1 | grep -v -i warn
     ;;
 skip-idle)  # NOTES G15 (branch skip-idle, its patch under results/skip_idle): on a copy of this tree with the patch and
            # its database re-keyed, the knob's GPU tests, then the packed batch as dispatched and with skip_idle, twice

@@ -9,7 +9,9 @@ a variant's `forward_plan` with autoflash/launch.py). Overhead is taken like for
 `attention(q, k, v)` over the bare launch that allocates its output as attention does. Also timed: the
 variant's plan launched through Triton's per-call argument binding (`kernel[grid](...)`), parts
 of attention's own work alone, and the backward variant's kernels started by its plan and through Triton's
-binding, and the whole backward through torch.autograd.grad; plain SDPA's forward and backward the same way.
+binding, and the whole backward through torch.autograd.grad with its two parts (the plan's backward outside
+autograd; autograd's round trip into a Python Function that only allocates); plain SDPA's forward and backward
+the same way.
 `--no-gc` times it all with Python's cyclic garbage collector off: what of the host time its collections take.
 """
 
@@ -60,6 +62,18 @@ def paired_overhead_us(call, base, pairs: int = 20000) -> float:
     return statistics.median(differences) / 1e3
 
 
+class _EngineFloor(torch.autograd.Function):
+    """out = q; its backward allocates dq, dk, dv and returns them: what autograd costs a Python Function."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.clone()
+
+    @staticmethod
+    def backward(ctx, dout):
+        return torch.empty_like(dout), torch.empty_like(dout), torch.empty_like(dout)
+
+
 def triton_binding(kernel, grid, args, options, tensor_count):
     """A launcher's `compile` that launches through Triton's per-call binding, `kernel[grid](...)`, every call."""
     rest = args[tensor_count:]
@@ -100,6 +114,9 @@ def measure(args):
 
     graph_inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
     graph_out = autoflash.attention(*graph_inputs)  # a kept graph: each backward_autograd call runs the backward
+    saved = graph_out.grad_fn.saved_tensors  # (q, k, v, out, lse): what _Attention.backward hands its plan
+    floor_inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    floor_out = _EngineFloor.apply(*floor_inputs)  # the engine's part alone: a Function whose backward allocates
     sdpa_inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
     sdpa_out = torch.nn.functional.scaled_dot_product_attention(*sdpa_inputs)  # plain SDPA's, for comparison
 
@@ -121,6 +138,10 @@ def measure(args):
         backward_triton_jit_launch=lambda: bwd_jit_launch(q, k, v, out, lse, dout, *grads, None),
         # What `autoflash bench --mode bwd` times: the whole backward through autograd (allocations, copies, plan).
         backward_autograd=lambda: torch.autograd.grad(graph_out, graph_inputs, dout, retain_graph=True),
+        # Its two parts: the call's plan.backward outside autograd, and the engine's round trip into a Python
+        # Function whose backward only allocates its three gradients.
+        backward_plan=lambda: graph_out.grad_fn.plan.backward(*saved, dout, None),
+        backward_engine_floor=lambda: torch.autograd.grad(floor_out, floor_inputs, dout, retain_graph=True),
         sdpa=lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
         sdpa_backward_autograd=lambda: torch.autograd.grad(sdpa_out, sdpa_inputs, dout, retain_graph=True))
     for fn in fns.values():  # compiled, planned and warm
