@@ -267,8 +267,7 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
         if launch_backward is None:  # no query rows: nothing flows back
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dout = torch.zeros_like(out) if dout is None else _tma_readable(dout)  # (out.sum()'s is a broadcast)
-        out = _tma_readable(out)  # (attention_backward's may be a slice of a merged output: ring attention's)
+        dout = torch.zeros_like(out) if dout is None else dout
         dlse = None if dlse is None else dlse.contiguous()
         launch_backward(q, k, v, out, lse.contiguous(), dout, dq, dk, dv, dlse, *extra)
         return dq, dk, dv
@@ -293,11 +292,11 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
     return plan
 
 
-def _tma_readable(t: torch.Tensor) -> torch.Tensor:
-    """t, or its contiguous copy where TMA could not read it (a last stride other than 1, strides or address not
-    16-byte aligned): what the backward reads besides q, k, v, which dispatch checked, laid out as every family's
-    kernels take it (the Gluon backward loads O and dO by TMA)."""
-    return t if t.stride(-1) == 1 and gpus.tma_aligned(t) else t.contiguous()
+def _tma_readable(t: torch.Tensor) -> bool:
+    """Whether TMA can read t as it is (a unit last stride, 16-byte aligned strides and address): else the backward
+    reads its contiguous copy. For out and dout, what the backward reads besides q, k, v (which dispatch checked),
+    laid out as every family's kernels take them (the Gluon backward loads O and dO by TMA)."""
+    return t.stride(-1) == 1 and gpus.tma_aligned(t)
 
 
 def _chosen(problem: Problem, gpu: gpus.Gpu, direction: str, tensors, deterministic: bool = False):
@@ -362,16 +361,20 @@ def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool, var
     arguments `variant_args`, `checks.variant_args`; extra: the call's variant tensors): a plan for each
     layout of out (fresh from the forward, or a slice of a larger output: ring attention's steps) and of the
     incoming gradients (dout's strides, dtype and alignment; dlse's presence and alignment), made at its first
-    call. q, k, v are laid out and aligned as the signature's; lse is contiguous; dq, dk, dv are fresh."""
+    call. q, k, v are laid out and aligned as the signature's; lse is contiguous; dq, dk, dv are fresh. An out or
+    dout that TMA cannot read (out.sum()'s gradient is a broadcast; attention_backward's out may be a slice of a
+    merged output: ring attention's) is copied contiguous first: which, the layout's key decides once."""
     plans = {}
 
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra):
-        key = (out.stride(), out.data_ptr() & 15, dout.stride(), dout.dtype, dout.data_ptr() & 15,
+        key = (out.stride(), out.dtype, out.data_ptr() & 15, dout.stride(), dout.dtype, dout.data_ptr() & 15,
                None if dlse is None else dlse.data_ptr() & 15)
-        plan = plans.get(key)
+        copy_out, copy_dout, plan = plans.get(key) or (not _tma_readable(out), not _tma_readable(dout), None)
+        out = out.contiguous() if copy_out else out
+        dout = dout.contiguous() if copy_dout else dout
         if plan is None:
-            plan = plans[key] = variant.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse,
-                                                      variant=variant_args)
+            plan = variant.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse, variant=variant_args)
+            plans[key] = (copy_out, copy_dout, plan)
         plan(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra)
     return backward
 

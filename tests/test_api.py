@@ -172,7 +172,7 @@ def test_backward_given_an_out_laid_out_otherwise_reads_it_as_it_is():
 def test_incoming_gradients_reach_the_kernels_tma_readable(monkeypatch):
     """A backward kernel family that loads dO by TMA (gluon, dispatched for most H100 backward problems) needs a
     unit last stride and 16-byte strides: out.sum()'s gradient (a broadcast) and a slice of a wider tensor are
-    copied first; gradients stay right."""
+    copied first, at the call that makes the layout's plan and at every later one; gradients stay right."""
     from autoflash import codegen, gpu
 
     seen = []
@@ -184,7 +184,8 @@ def test_incoming_gradients_reach_the_kernels_tma_readable(monkeypatch):
     monkeypatch.setattr(codegen.Variant, "backward_plan", spy)
     q, k, v = make_qkv(1, 2, 2, 7, 7, 16, torch.float32, DEVICE)
     wide = torch.randn(1, 2, 7, 17, device=DEVICE)[..., :16]  # rows of 68 bytes
-    for gradient in (torch.ones(1, 1, 1, 1, device=DEVICE).expand(1, 2, 7, 16), wide):  # (out.sum()'s, a slice)
+    gradients = (torch.ones(1, 1, 1, 1, device=DEVICE).expand(1, 2, 7, 16), wide)  # (out.sum()'s, a slice)
+    for gradient in (g for g in gradients for _ in range(2)):  # (each layout's second call runs the first's plan)
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
         autoflash.attention(q, k, v, causal=True).backward(gradient)
         assert seen[-1].stride(-1) == 1 and gpu.tma_aligned(seen[-1]), seen[-1].stride()

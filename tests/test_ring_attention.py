@@ -159,10 +159,11 @@ def test_merge_rounds_once(dtype):
     assert relative_error(expected, attention_reference(q, k, v)[0]) < TOLERANCE[dtype]  # the blocks make the whole
 
 
-def test_load_balancing_off_restores_torchs_switch():
+def test_load_balancing_off_restores_torchs_switch(monkeypatch):
     """benchmarks/ring_attention.py finds context_parallel's load-balancing switch in this torch and puts it back."""
-    spec = importlib.util.spec_from_file_location(
-        "ring_attention_benchmark", Path(__file__).resolve().parents[1] / "benchmarks" / "ring_attention.py")
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))  # (its helpers' folder, sys.path[0] when run as a script)
+    spec = importlib.util.spec_from_file_location("ring_attention_benchmark", benchmarks / "ring_attention.py")
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
     options = benchmark.context_parallel_options()
