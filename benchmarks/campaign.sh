@@ -7,13 +7,16 @@
 # current records into tuning_db/<family>.db and leaves that file in $OUT, to be copied over the checkout's
 # before the next call. Every visible GPU tunes (--devices' default). Prints what is tuned of each file and how fast
 # (benchmarks/campaign_summary.py). BWD_FAMILIES=gluon searches the backward in that family alone (C1: on the H200
-# the Gluon backward won 204 of 205 problems; the forward keeps every family, `tl` won 26 of 208 there).
+# the Gluon backward won 204 of 205 problems; the forward keeps every family, `tl` won 26 of 208 there). The other
+# GPUs' shipped databases are read for first guesses (--warm-from: their winners of the same problem).
 set -uo pipefail
 out=$1 seconds=${2:-540} trials=${3:-4}
 mkdir -p "$out"
 family=$(python -c "from autoflash.gpu import current; print(current().family)")
 db=tuning_db/$family.db work=/tmp/campaign_$family.db
 rm -f "$work" && { [ -f "$db" ] && cp "$db" "$work" || true; }
+warm=()
+for other in tuning_db/*.db; do [ "$other" != "$db" ] && warm+=(--warm-from "$other"); done
 end=$(( $(date +%s) + seconds ))
 for entry in prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd; do
     file=examples/campaign/${entry%%:*}.yaml mode=${entry##*:}
@@ -22,7 +25,7 @@ for entry in prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd; do
     left=$(( end - $(date +%s) ))
     [ $left -le 10 ] && { echo "$file ($mode): not reached (time spent)"; continue; }
     timeout -s INT -k 60 $left python -m autoflash tune --gpu "$family" --mode "$mode" --shapes "$file" \
-        --trials "$trials" --db "$work" "${families[@]}" \
+        --trials "$trials" --db "$work" "${families[@]}" "${warm[@]}" \
         >> "$out/campaign_$family.log" 2>> "$out/campaign_$family.stderr"
     echo "$file ($mode${families[*]:+, ${families[*]}}): rc $?"
 done

@@ -258,3 +258,45 @@ def test_families_refuses_names_the_tuner_does_not_search(tmp_path, names, mode,
                                        "heads_q: 2, seqlen_q: 40, head_dim: 32}\n"), "--families", names,
                                        "--mode", mode, "--db", f"sqlite:///{tmp_path / 'x.db'}"])
     assert result.exit_code == 2 and words in result.output, result.output
+
+
+def test_another_gpus_winner_of_the_problem_is_a_first_guess(tmp_path):
+    """Tuning an H100 beside a database of the H200's (`--warm-from`): the H200's winner of the same problem is
+    timed right after the default, before any neighbour's; without that database it is not a guess at all."""
+    from dataclasses import replace
+
+    from autoflash import families
+    from autoflash.gpu import KNOWN
+    from autoflash.tune.trial import Outcome
+
+    problem, h100, h200 = Problem(1, 4, 1, 1024, 1024, 64, True, "float16"), KNOWN["h100"], KNOWN["h200"]
+    tl = next(f for f in families.searched("fwd") if f.name == "tl")
+    default, (searched, _) = tl.default(problem, h100, "fwd"), searched_space(tl, problem, h100, "fwd")
+    winner = next(knobs for name, choices in type(default).search_space().items() for value in choices
+                  if (knobs := replace(default, **{name: value})) != default and searched(knobs.as_point()))
+    theirs = Store(str(tmp_path / "h200.db"))
+    theirs.record_trial(h200, problem, winner.to_json(), codegen.template_fingerprint("tl", "fwd", problem.gates()),
+                        "ok", 0.5)
+    batches = []
+
+    class Runner:  # records what the search hands it, each variant failed
+        compilers = ()
+
+        def run(self, problem, variants, on_outcome, deadline=None):
+            batches.append(variants)
+            for knobs in variants:
+                on_outcome(knobs, Outcome("compile_error", error="not run: a test's runner"))
+            return [Outcome("compile_error") for _ in variants]
+
+        def sdpa_ms(self, problem, direction):
+            return None
+
+    for name, warm, guessed in (("alone.db", [], False), ("beside.db", [theirs], True)):
+        batches.clear()
+        store = Store(str(tmp_path / name))
+        tuner.tune_problem(problem, gpu=h100, store=store, runner=Runner(), n_trials=2, family_names=["tl"],
+                           warm_stores=warm, seed=0)
+        store.close()
+        assert batches[0][0] == default, batches
+        assert (batches[0][1] == winner) is guessed and (winner in sum(batches, [])) is guessed, batches
+    theirs.close()

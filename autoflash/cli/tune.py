@@ -33,10 +33,13 @@ from autoflash.tune import SAMPLERS
 @click.option("--families", "family_names",
               help="kernel families to search, comma-separated, e.g. gluon [default: every family the tuner "
                    "searches: tl, gluon]")
+@click.option("--warm-from", "warm_from", multiple=True,
+              help="database (URL or SQLite file, repeatable) whose other GPUs' winners of each problem are first "
+                   "guesses, e.g. tuning_db/h200.db when tuning an H100; only read")
 @click.option("--begin-at", default="0/1", hidden=True,
               help="i/N: start at the i-th of N equal parts of the problems and go round (set by --devices)")
 def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret,
-         devices, family_names, begin_at):
+         devices, family_names, warm_from, begin_at):
     """Tune the kernels of every problem in SHAPES (forward, backward or both) and record every trial."""
     require_extra("tune", "optuna", "sqlalchemy")
     from autoflash.families import DIRECTIONS
@@ -49,7 +52,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     if len(chosen) > 1 or (devices and not interpret and os.environ.get("CUDA_VISIBLE_DEVICES") != chosen[0]):
         options = dict(shapes=shapes_file, gpu=gpu_name, trials=trials, time_budget=time_budget, mode=mode,
                        db=db_url, sampler=sampler, seed=seed, trial_timeout=trial_timeout, interpret=interpret,
-                       families=family_names,
+                       families=family_names, warm_from=warm_from,
                        workers=workers if workers is not None else max(1, ((os.cpu_count() or 2) - 1) // len(chosen)))
         sys.exit(fan_out(chosen, options))
     if interpret:
@@ -74,6 +77,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
                                    "wrong_result): tune them on a GPU, or tune float16 here")
     check_memory(problems, directions, *memory_of(here))
     store = open_store(db_url)
+    warm_stores = [open_store(url, readonly=True) for url in warm_from]
     click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
     reports = []
     try:
@@ -88,7 +92,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
                         reports.append(tune_problem(problem, gpu=here, store=store, runner=runner, direction=direction,
                                                     sampler=sampler, n_trials=target, time_budget=time_budget,
                                                     seed=seed, on_trial=lambda knobs, ms: bar.update(1),
-                                                    family_names=searched[direction]))
+                                                    family_names=searched[direction], warm_stores=warm_stores))
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: every finished trial is saved in {store.url}; run the same command to resume",
                    err=True)
@@ -172,6 +176,7 @@ def fan_out(devices: list[str], options: dict) -> int:
         if options[name] is not None:
             args += [f"--{name.replace('_', '-')}", str(options[name])]
     args += ["--interpret"] if options["interpret"] else []
+    args += [arg for url in options["warm_from"] for arg in ("--warm-from", url)]
     click.echo(f"tuning on {len(devices)} devices ({', '.join(devices)}), one process each, sharing the database")
     children = []
     for i, device in enumerate(devices):

@@ -10,7 +10,7 @@ database claim each variant in the store before timing it (Store.claim): togethe
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +95,17 @@ def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd
             for best in store.best(gpu.family, fingerprint, direction) if best.problem == problem]
 
 
+def other_gpus_best(stores: Sequence[Store], gpu: Gpu, problem: Problem, family: str, direction: str = "fwd"
+                    ) -> list[Knobs]:
+    """Winners of `problem` itself on the stores' other GPUs (the H200's when tuning an H100): another GPU's best
+    for the same problem and templates is a closer first guess than a neighbour problem's best here. Timed again
+    like any other point, never reused."""
+    fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
+    return [families.knobs_from_json(direction, best.knobs)
+            for store in stores for other in store.gpu_families() if other != gpu.family
+            for best in store.best(other, fingerprint, direction) if best.problem == problem]
+
+
 def searched_space(family: KernelFamily, problem: Problem, gpu: Gpu, direction: str = "fwd"
                    ) -> tuple[Callable[[dict], bool], dict]:
     """(is_valid, space): the `family` variants the tuner searches and each knob's choices among them. They are
@@ -141,14 +152,16 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
                  sampler: str = "tpe", n_trials: int = 60, time_budget: float | None = None,
                  deadline: float | None = None, seed: int | None = None,
                  on_trial: Callable[[Knobs, float | None], None] = lambda k, v: None,
-                 family_names: list[str] | None = None, first: Knobs | None = None) -> Report:
+                 family_names: list[str] | None = None, first: Knobs | None = None,
+                 warm_stores: Sequence[Store] = ()) -> Report:
     """Search `direction` variants of each of `family_names` (default: every family the tuner searches) for
     `problem` (`n_trials` per family) and record every trial. Trials already in the store count toward `n_trials`
     (a second run resumes) and are never timed again. A family with no variant that can run the problem is recorded
     as such. `time_budget`: seconds per family, after which no batch of trials starts (one under way finishes).
     `deadline` (a time.monotonic() time): no trial starts after it (those started finish), each family searching an
     equal share of the time left to it. `first`: a variant timed before anything else, deadline or not, its family
-    searched first (on-miss's fallback, what dispatch ran before: the search's choice is never slower)."""
+    searched first (on-miss's fallback, what dispatch ran before: the search's choice is never slower).
+    `warm_stores`: read-only stores whose other GPUs' winners of `problem` are first guesses, beside `store`'s."""
     started = time.monotonic()
     sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     done, empty = {}, {}
@@ -158,7 +171,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
                                     sampler=sampler, n_trials=n_trials, time_budget=time_budget,
                                     deadline=_share(deadline, families_left), seed=seed, on_trial=on_trial,
-                                    first=first)
+                                    first=first, warm_stores=(store, *warm_stores))
         done |= found
         if why:
             empty[family.name] = why
@@ -203,7 +216,7 @@ def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, dir
 def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,
                    direction: str, sampler: str, n_trials: int, time_budget: float | None, deadline: float | None,
                    seed: int | None, on_trial: Callable[[Knobs, float | None], None],
-                   first: Knobs | None = None) -> tuple[dict, str | None]:
+                   first: Knobs | None = None, warm_stores: Sequence[Store] = ()) -> tuple[dict, str | None]:
     """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new, and why no
     variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]
@@ -248,6 +261,7 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
         evaluate([first.as_point()], until=None)  # whatever the deadline leaves: the search's choice is never slower
     default = family.default(problem, gpu, direction)
     guesses = [default, *upgraded_best(done, default), *earlier_best(store, gpu, problem, direction),
+               *other_gpus_best(warm_stores, gpu, problem, family.name, direction),
                *nearest_tuned(store, gpu, problem, family.name, direction)]
     warm = [k.as_point() for k in guesses if k is not None and k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]

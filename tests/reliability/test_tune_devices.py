@@ -11,17 +11,20 @@ from click.testing import CliRunner
 from autoflash.cli import main
 from autoflash.cli.tune import begin_at_part, kernels_shared
 from autoflash.db.base import connect_readonly
+from autoflash.db.store import Store
 from autoflash.problem import Problem
 from tuning import TWO_PROBLEMS, assert_sound, problems_file
 
 
 def test_two_tuners_share_the_problems_and_time_each_variant_once(tmp_path):
-    shapes, db = problems_file(tmp_path, TWO_PROBLEMS), tmp_path / "shared.db"
+    shapes, db, other = problems_file(tmp_path, TWO_PROBLEMS), tmp_path / "shared.db", tmp_path / "other_gpu.db"
+    Store(str(other)).close()
     run = subprocess.run([sys.executable, "-m", "autoflash", "tune", "--interpret", "--devices", "0,1", "--shapes",
-                          shapes, "--db", str(db), "--trials", "3", "--workers", "0", "--families", "tl"],
+                          shapes, "--db", str(db), "--trials", "3", "--workers", "0", "--families", "tl",
+                          "--warm-from", str(other)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "tuning on 2 devices (0, 1)" in run.stdout  # (each with --families tl: an option passed on)
+    assert "tuning on 2 devices (0, 1)" in run.stdout  # (each with --families tl and --warm-from: passed on)
     assert "[gpu 0] tuning 2 problem(s)" in run.stdout and "[gpu 1] tuning 2 problem(s)" in run.stdout
     rows = assert_sound(db)  # no variant timed twice
     per_problem = {}
