@@ -123,3 +123,23 @@ def assert_gradients_match(q, k, v, causal, softmax_scale=None, with_lse=False, 
     for name, err in zip(("dq", "dk", "dv"), gradient_errors((q.grad, k.grad, v.grad), expected)):
         assert err < GRAD_TOLERANCE[q.dtype], f"{name} relative error {err:.2e} > {GRAD_TOLERANCE[q.dtype]:.0e}"
     return q.grad, k.grad, v.grad
+
+
+class RecordingRunner:
+    """A tuner's runner that compiles nothing: it appends each batch of variants it is handed to `batches` and fails
+    each (so a search's order of guesses can be read off)."""
+    compilers = ()
+
+    def __init__(self, batches: list):
+        self.batches = batches
+
+    def run(self, problem, variants, on_outcome, deadline=None):
+        from autoflash.tune.trial import Outcome
+
+        self.batches.append(variants)
+        for knobs in variants:
+            on_outcome(knobs, Outcome("compile_error", error="not run: a test's runner"))
+        return [Outcome("compile_error") for _ in variants]
+
+    def sdpa_ms(self, problem, direction):
+        return None

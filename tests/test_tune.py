@@ -25,6 +25,7 @@ from autoflash.tune import tuner
 from autoflash.tune.runner import Runner
 from autoflash.tune.search import search
 from autoflash.tune.tuner import searched_space, tune_problem
+from helpers import RecordingRunner
 
 TINY = Problem(batch=1, heads_q=2, heads_kv=1, seqlen_q=40, seqlen_k=33, head_dim=32, causal=True, dtype="float16")
 
@@ -267,7 +268,6 @@ def test_another_gpus_winner_of_the_problem_is_a_first_guess(tmp_path):
 
     from autoflash import families
     from autoflash.gpu import KNOWN
-    from autoflash.tune.trial import Outcome
 
     problem, h100, h200 = Problem(1, 4, 1, 1024, 1024, 64, True, "float16"), KNOWN["h100"], KNOWN["h200"]
     tl = next(f for f in families.searched("fwd") if f.name == "tl")
@@ -278,24 +278,11 @@ def test_another_gpus_winner_of_the_problem_is_a_first_guess(tmp_path):
     theirs.record_trial(h200, problem, winner.to_json(), codegen.template_fingerprint("tl", "fwd", problem.gates()),
                         "ok", 0.5)
     batches = []
-
-    class Runner:  # records what the search hands it, each variant failed
-        compilers = ()
-
-        def run(self, problem, variants, on_outcome, deadline=None):
-            batches.append(variants)
-            for knobs in variants:
-                on_outcome(knobs, Outcome("compile_error", error="not run: a test's runner"))
-            return [Outcome("compile_error") for _ in variants]
-
-        def sdpa_ms(self, problem, direction):
-            return None
-
     for name, warm, guessed in (("alone.db", [], False), ("beside.db", [theirs], True)):
         batches.clear()
         store = Store(str(tmp_path / name))
-        tuner.tune_problem(problem, gpu=h100, store=store, runner=Runner(), n_trials=2, family_names=["tl"],
-                           warm_stores=warm, seed=0)
+        tuner.tune_problem(problem, gpu=h100, store=store, runner=RecordingRunner(batches), n_trials=2,
+                           family_names=["tl"], warm_stores=warm, seed=0)
         store.close()
         assert batches[0][0] == default, batches
         assert (batches[0][1] == winner) is guessed and (winner in sum(batches, [])) is guessed, batches

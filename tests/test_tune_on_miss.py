@@ -24,6 +24,7 @@ from autoflash.gpu import INTERPRETER, KNOWN
 from autoflash.problem import Problem
 from autoflash.reference import attention_reference
 from autoflash.tune import on_miss
+from helpers import RecordingRunner
 
 # Each process calls attention on (1, 2, SEQLEN_Q, 32) fp16 causal queries against 33 keys, then again with out=
 # (a new call signature of the same problem), and prints what it ran as JSON. On-miss searches TRIALS variants of
@@ -205,7 +206,6 @@ def test_the_fallback_is_timed_whatever_the_deadline_leaves(tmp_path):
     only it: so the record on-miss leaves is never a slower choice than what dispatch ran before."""
     from autoflash import families
     from autoflash.tune import tuner
-    from autoflash.tune.trial import Outcome
 
     problem, hopper = Problem(1, 4, 1, 1024, 1024, 64, True, "float16"), KNOWN["h100"]
     last = families.searched("fwd")[-1]
@@ -214,21 +214,8 @@ def test_the_fallback_is_timed_whatever_the_deadline_leaves(tmp_path):
                     if (knobs := replace(default, **{name: value})) != default
                     and not last.violations(knobs, problem, hopper))  # a borrowed record's, say: not the default
     batches = []
-
-    class Runner:  # records what the search hands it, each variant failed
-        compilers = ()
-
-        def run(self, problem, variants, on_outcome, deadline=None):
-            batches.append(variants)
-            for knobs in variants:
-                on_outcome(knobs, Outcome("compile_error", error="not run: a test's runner"))
-            return [Outcome("compile_error") for _ in variants]
-
-        def sdpa_ms(self, problem, direction):
-            return None
-
     store = Store(str(tmp_path / "user.db"))
-    tuner.tune_problem(problem, gpu=hopper, store=store, runner=Runner(), n_trials=8,
+    tuner.tune_problem(problem, gpu=hopper, store=store, runner=RecordingRunner(batches), n_trials=8,
                        deadline=time.monotonic() - 1, first=fallback)
     store.close()
     assert batches == [[fallback]], batches
