@@ -9,6 +9,7 @@
 # (benchmarks/campaign_summary.py). BWD_FAMILIES=gluon searches the backward in that family alone (C1: on the H200
 # the Gluon backward won 204 of 205 problems; the forward keeps every family, `tl` won 26 of 208 there). The other
 # GPUs' shipped databases are read for first guesses (--warm-from: their winners of the same problem).
+# ENTRIES="prefill:bwd cross:bwd" tunes those files and directions alone, in that order.
 set -uo pipefail
 out=$1 seconds=${2:-540} trials=${3:-4}
 mkdir -p "$out"
@@ -18,7 +19,7 @@ rm -f "$work" && { [ -f "$db" ] && cp "$db" "$work" || true; }
 warm=()
 for other in tuning_db/*.db; do [ "$other" != "$db" ] && warm+=(--warm-from "$other"); done
 end=$(( $(date +%s) + seconds ))
-for entry in prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd; do
+for entry in ${ENTRIES:-prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd}; do
     file=examples/campaign/${entry%%:*}.yaml mode=${entry##*:}
     families=()
     [ "$mode" = bwd ] && [ -n "${BWD_FAMILIES:-}" ] && families=(--families "$BWD_FAMILIES")
