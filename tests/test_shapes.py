@@ -49,6 +49,14 @@ def test_held_out_problems_are_tuned_in_no_shipped_database():
         assert tuned and not tuned & set(held_out), (db.name, sorted(p.label() for p in tuned & set(held_out)))
 
 
+def test_held_out_problems_are_in_no_campaign_file():
+    """The campaign (examples/campaign/) is tuned into the shipped databases: a held-out problem there would be
+    tuned at the next campaign run, before the test above could tell."""
+    held_out = set(load_problems(EXAMPLES / "holdout.yaml"))
+    for path in sorted((EXAMPLES / "campaign").glob("*.yaml")):
+        assert not held_out & set(load_problems(path)), path.name
+
+
 @pytest.mark.parametrize("text, message", [
     ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8}\n", r"problems\[0\]: missing field\(s\) \['head_dim'\]"),
     ("problems:\n  - {batch: 1, heads_q: 2, seqlen_q: 8, head_dim: 64}\n  - {batch: 0, heads_q: 2, seqlen_q: 8, "
