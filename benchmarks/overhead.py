@@ -10,8 +10,8 @@ a variant's `forward_plan` with autoflash/launch.py). Overhead is taken like for
 variant's plan launched through Triton's per-call argument binding (`kernel[grid](...)`), parts
 of attention's own work alone, and the backward variant's kernels started by its plan and through Triton's
 binding, and the whole backward through torch.autograd.grad with its two parts (the plan's backward outside
-autograd; autograd's round trip into a Python Function that only allocates); plain SDPA's forward and backward
-the same way.
+autograd; autograd's round trip into a Python Function that only allocates) and its timeline (timestamps taken in
+the backward, on autograd's thread: `timeline_*`); plain SDPA's forward and backward the same way.
 `--no-gc` times it all with Python's cyclic garbage collector off: what of the host time its collections take.
 """
 
@@ -60,6 +60,37 @@ def paired_overhead_us(call, base, pairs: int = 20000) -> float:
             differences.append((t2 - t1) - (t1 - t0))
     torch.cuda.synchronize()
     return statistics.median(differences) / 1e3
+
+
+def backward_timeline(grad, calls: int = 2000) -> dict[str, float]:
+    """Where the host time of `grad()` (torch.autograd.grad through one autoflash call) goes, by timestamps taken in
+    _Attention.backward, on whichever thread autograd runs it: from grad's call to the backward's entry (the engine's
+    hand-off to its device thread), the saved tensors' unpacking, the plan's backward there, and from its return
+    to grad's (the engine's checks of the gradients, the hand-back). Medians of the calls' parts, µs. (cProfile
+    cannot split these: the engine's threads and their hand-offs are C++.)"""
+    clock, marks, original = time.perf_counter_ns, [], api._Attention.backward
+
+    def timed(ctx, dout, dlse):  # _Attention.backward, its two steps timed apart
+        entered = clock()
+        q, k, v, out, lse, *extra = ctx.saved_tensors
+        unpacked = clock()
+        grads = ctx.plan.backward(q, k, v, out, lse, dout, dlse, tuple(extra))
+        marks.append((entered, unpacked, clock()))
+        return *grads, None, *(None for _ in extra)
+
+    api._Attention.backward = staticmethod(timed)
+    parts = []
+    try:
+        for _ in range(calls):
+            start = clock()
+            grad()
+            end = clock()
+            entered, unpacked, left = marks.pop()
+            parts.append((entered - start, unpacked - entered, left - unpacked, end - left))
+    finally:
+        api._Attention.backward = staticmethod(original)
+    names = ("engine_to_backward", "saved_tensors", "plan_in_autograd", "engine_after_backward")
+    return {f"timeline_{name}_us": statistics.median(p[i] for p in parts) / 1e3 for i, name in enumerate(names)}
 
 
 class _EngineFloor(torch.autograd.Function):
@@ -161,6 +192,7 @@ def measure(args):
         torch.cuda.synchronize()
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     median = {f"{name}_us": t for name, t in host_us(fns).items()}
+    median |= backward_timeline(fns["backward_autograd"])
     over = {f"overhead_{call}_over_{base}_us": paired_overhead_us(fns[call], fns[base])
             for call, base in (("attention_into_out", "bare_launch"), ("attention", "bare_launch_with_output"))}
     gc.enable()
