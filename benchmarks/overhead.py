@@ -165,6 +165,8 @@ def measure(args):
         call_key=call_key,
         plan_lookup=lambda: api._plans.get(call_key()),
         empty_like=lambda: torch.empty_like(q),
+        # What the backward's api no longer does per call (once per layout now, NOTES 78): out's and dO's TMA checks.
+        layout_checks=lambda: (api._tma_readable(out), api._tma_readable(dout)),
         backward_bare_launch=lambda: bwd_launch(q, k, v, out, lse, dout, *grads, None),
         backward_triton_jit_launch=lambda: bwd_jit_launch(q, k, v, out, lse, dout, *grads, None),
         # What `autoflash bench --mode bwd` times: the whole backward through autograd (allocations, copies, plan).
