@@ -43,6 +43,10 @@ WIDE = [(b, h, s, d, causal, dtype) for b, h, s in ((4, 8, 4096), (1, 16, 16384)
 # a sequence.
 SPLIT = [(16384 // s, 16, s, d, causal, torch.bfloat16) for s in (1024, 4096) for d in (160, 192)
          for causal in (False, True)]
+# Past head dim 128 in one padded tile (200-256), where shared_scores computes S^T and dP^T once a step (NOTES
+# G-bwd24): bf16, 16 heads, 16k tokens at 1k and 4k a sequence; Gemma-2's GQA 2:1, causal.
+PADDED = [(16384 // s, 16, s, d, causal, torch.bfloat16) for s in (1024, 4096) for d in (224, 256)
+          for causal in (False, True)] + [(2, 16, 4096, 256, True, torch.bfloat16, 8)]
 # Grouped-query causal backward (bwd_spread.yaml's rows): (batch, heads_q, seqlen, head_dim, causal, dtype, heads_kv).
 GQA_CAUSAL = [(4, 32, 4096, d, True, torch.bfloat16, 4) for d in (64, 128, 256)] + [
     (1, 8, 8192, 128, True, torch.bfloat16, 8), (1, 32, 32768, 128, True, torch.bfloat16, 8)]
@@ -172,7 +176,7 @@ def main():
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
     parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "causal", "gqa_causal", "short",
-                                                         "d64", "d128", "wide", "split"])
+                                                         "d64", "d128", "wide", "split", "padded"])
     parser.add_argument("--variants", default='["default"]')
     parser.add_argument("--out", default="gluon_bwd_bench.jsonl")
     args = parser.parse_args()
@@ -183,7 +187,7 @@ def main():
                     "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048],
                     "d64": [p for p in fa_grid((torch.float16,)) if p[3] == 64],
                     "d128": [p for p in fa_grid((torch.float16,)) if p[3] == 128],
-                    "wide": WIDE, "split": SPLIT}[args.bench]
+                    "wide": WIDE, "split": SPLIT, "padded": PADDED}[args.bench]
         bench(problems, json.loads(args.variants), args.out, " ".join(sys.argv))
     print(f"{failures} failures")
     sys.exit(1 if failures else 0)

@@ -62,6 +62,8 @@
 #                                                                       MQA 71:1 and GQA 7:1 backward before/after
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-split $OUT  # G-bwd23: the backward's head dim in two
 #                                                                       column tiles: tests, d160/d192 padded vs split
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh shared-scores $OUT  # G-bwd24: S^T and dP^T once a step past
+#                                                                       head dim 128: tests, d224/d256 before/after
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh split-retune $OUT  # after G-bwd23: the campaign's d160/d192
 #                                                                       backward records searched one trial further (79)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
@@ -396,6 +398,20 @@ bwd-split)  # NOTES G-bwd23 (branch bwd-split, its patch under results/bwd_split
         --variants '["default", {"head_dim_split": false, "block_m": 32}]' \
         > "$out/${day}_${gpu}_gluon_bwd_head_dim_split.log" 2>&1
     echo "bwd-split bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_head_dim_split.log"
+    ;;
+shared-scores)  # NOTES G-bwd24 (branch bwd-shared-scores, its patch under results/shared_scores): on a copy of this
+               # tree with the patch (records re-keyed) its GPU tests (and the every-knob sweep's shared_scores
+               # points), then 200-256 (bf16, 16 heads, 16k tokens at 1k and 4k; GQA 2:1) in 32-row steps with S^T
+               # and dP^T computed by each warpgroup (main's) beside shared_scores, and plain SDPA
+    patched_copy shared_scores benchmarks/results/shared_scores/bwd-shared-scores.patch
+    limit 240 python -m pytest -q -m gpu -n 12 -p no:cacheprovider tests/test_gluon_bwd.py -k "shared_scores" \
+        > "$out/${day}_${gpu}_gpu_tests_shared_scores.log" 2>&1
+    echo "shared-scores gpu tests rc $?"
+    grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_shared_scores.log" | tail
+    limit 150 python benchmarks/gluon_bwd.py --bench padded --out "$out/${day}_${gpu}_gluon_bwd_shared_scores.jsonl" \
+        --variants '[{"block_m": 32}, {"block_m": 32, "shared_scores": true}]' \
+        > "$out/${day}_${gpu}_gluon_bwd_shared_scores.log" 2>&1
+    echo "shared-scores bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_shared_scores.log"
     ;;
 split-retune)  # after G-bwd23 (NOTES 79): the campaign's head-dim 160/192 prefill problems, whose backward records
               # predate head_dim_split (re-keyed, padded), searched one trial further: the warm start times the new
