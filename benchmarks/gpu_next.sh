@@ -413,18 +413,29 @@ shared-scores)  # NOTES G-bwd24 (branch bwd-shared-scores, its patch under resul
         > "$out/${day}_${gpu}_gluon_bwd_shared_scores.log" 2>&1
     echo "shared-scores bench rc $?"; cat "$out/${day}_${gpu}_gluon_bwd_shared_scores.log"
     ;;
-split-retune)  # after G-bwd23 (NOTES 79): the campaign's head-dim 160/192 prefill problems, whose backward records
-              # predate head_dim_split (re-keyed, padded), searched one trial further: the warm start times the new
-              # default (the split) first; merged, then what the database says of them
-    python - <<'PY'  # batch x seqlen = 32768 as in examples/campaign/prefill.yaml: one row a (batch, seqlen) pair
-import yaml
-rows = [{"batch": b, "heads_q": 32, "heads_kv": [32, 4], "seqlen_q": s, "head_dim": [160, 192], "causal": [False, True],
-         "dtype": "bfloat16"} for b, s in ((64, 512), (16, 2048), (4, 8192), (1, 32768))]
-yaml.safe_dump({"problems": rows}, open("/tmp/split.yaml", "w"))
+split-retune)  # after G-bwd23 (NOTES 79, 85): the database's backward problems at head dims 144-192 (where the
+              # default splits) with no head_dim_split trial (re-keyed records, padded), searched one trial further:
+              # the warm start times the new default (the split) first; merged, then what the database says of them
+    trials=$(python - "$gpu" <<'PY'  # (their problems file in /tmp/split.yaml; prints the trials to ask for)
+import sqlite3, sys, yaml
+rows = sqlite3.connect(f"tuning_db/{sys.argv[1]}.db").execute("""
+    SELECT p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim, p.causal, p.dtype, COUNT(*)
+    FROM autoflash_trials t JOIN autoflash_problems p ON p.id = t.problem_id
+    JOIN autoflash_variants v ON v.id = t.variant_id JOIN autoflash_gpus g ON g.id = t.gpu_id
+    WHERE v.direction = 'bwd' AND v.knobs LIKE '%"family": "gluon"%' AND p.head_dim BETWEEN 144 AND 192
+      AND p.variants = '{}' AND g.family = ?
+    GROUP BY p.id HAVING SUM(v.knobs LIKE '%"head_dim_split": true%') = 0""", (sys.argv[1],)).fetchall()
+problems = [dict(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk, head_dim=d, causal=bool(c), dtype=t)
+            for b, hq, hkv, sq, sk, d, c, t, _ in rows]
+yaml.safe_dump({"problems": problems}, open("/tmp/split.yaml", "w"))
+print(max((n for *_, n in rows), default=0) + 1)  # one trial past the longest study: the split's
 PY
+)
+    [ "$(python -c "import yaml; print(len(yaml.safe_load(open('/tmp/split.yaml'))['problems']))")" = 0 ] \
+        && { echo "split retune: every d144-192 backward record has the split's trial"; exit 0; }
     cp tuning_db/$gpu.db /tmp/split.db
     limit 420 python -m autoflash tune --gpu "$gpu" --mode bwd --families gluon --shapes /tmp/split.yaml \
-        --trials "${TRIALS:-4}" --db /tmp/split.db > "$out/${day}_${gpu}_split_retune.log" 2>&1
+        --trials "${TRIALS:-$trials}" --db /tmp/split.db > "$out/${day}_${gpu}_split_retune.log" 2>&1
     echo "split retune rc $?"; tail -n 4 "$out/${day}_${gpu}_split_retune.log"
     python -m autoflash merge --into tuning_db/$gpu.db /tmp/split.db --current-only --standalone
     cp tuning_db/$gpu.db "$out/$gpu.db"
