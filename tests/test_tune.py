@@ -267,16 +267,22 @@ def test_another_gpus_winner_of_the_problem_is_a_first_guess(tmp_path):
     from dataclasses import replace
 
     from autoflash import families
-    from autoflash.gpu import KNOWN
+    from autoflash.gpu import INTERPRETER, KNOWN
 
     problem, h100, h200 = Problem(1, 4, 1, 1024, 1024, 64, True, "float16"), KNOWN["h100"], KNOWN["h200"]
     tl = next(f for f in families.searched("fwd") if f.name == "tl")
     default, (searched, _) = tl.default(problem, h100, "fwd"), searched_space(tl, problem, h100, "fwd")
     winner = next(knobs for name, choices in type(default).search_space().items() for value in choices
                   if (knobs := replace(default, **{name: value})) != default and searched(knobs.as_point()))
+    fingerprint = codegen.template_fingerprint("tl", "fwd", problem.gates())
     theirs = Store(str(tmp_path / "h200.db"))
-    theirs.record_trial(h200, problem, winner.to_json(), codegen.template_fingerprint("tl", "fwd", problem.gates()),
-                        "ok", 0.5)
+    theirs.record_trial(h200, problem, winner.to_json(), fingerprint, "ok", 0.5)
+    # a test run's record under the interpreter, in the same database: its wall time on the CPU is no GPU's guess
+    interpreted = next(knobs for name, choices in type(default).search_space().items() for value in choices
+                       if (knobs := replace(default, **{name: value})) not in (default, winner)
+                       and searched(knobs.as_point()))
+    theirs.record_trial(INTERPRETER, problem, interpreted.to_json(), fingerprint, "ok", 0.1)
+    assert tuner.other_gpus_best([theirs], h100, problem, "tl") == [winner]
     batches = []
     for name, warm, guessed in (("alone.db", [], False), ("beside.db", [theirs], True)):
         batches.clear()

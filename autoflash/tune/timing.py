@@ -91,10 +91,16 @@ def _graph_ms(fn, n_sets: int, calls: int, replays: int) -> float:
 def backward_ms(forward, sets, device: torch.device, **timing) -> float:
     """Median time of the backward alone of `forward(q, k, v) -> out`, over input sets (q, k, v, dout):
     each set's forward runs once, its graph is kept, and only torch.autograd.grad is timed (with median_ms's
-    `timing` options)."""
+    `timing` options). Under `graph` the forwards run on a side stream: autograd runs a node's backward on its
+    forward's stream, and a backward whose nodes hold the legacy default stream cannot be captured alone
+    (cudaErrorStreamCaptureImplicit; benchmarks/NOTES.md 87)."""
     graphs = []
-    for q, k, v, dout in sets:
-        inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        graphs.append((inputs, forward(*inputs), dout))
+    side = torch.cuda.Stream(device) if timing.get("graph") and device.type == "cuda" else None
+    with torch.cuda.stream(side):  # (None: the current stream)
+        for q, k, v, dout in sets:
+            inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
+            graphs.append((inputs, forward(*inputs), dout))
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)
     return median_ms(lambda i: torch.autograd.grad(graphs[i][1], graphs[i][0], graphs[i][2], retain_graph=True),
                      len(graphs), device, **timing)

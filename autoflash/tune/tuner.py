@@ -18,7 +18,7 @@ import torch
 from autoflash import codegen, families
 from autoflash.db.store import Store
 from autoflash.families.base import KernelFamily
-from autoflash.gpu import Gpu
+from autoflash.gpu import INTERPRETER, Gpu
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.tune import past
@@ -99,10 +99,12 @@ def other_gpus_best(stores: Sequence[Store], gpu: Gpu, problem: Problem, family:
                     ) -> list[Knobs]:
     """Winners of `problem` itself on the stores' other GPUs (the H200's when tuning an H100), guessed right after
     the default: the same problem and templates on a GPU of the same kind (NOTES C3, C4: the H100's winner in 23
-    of 246 backwards). Timed again like any other point, never reused."""
+    of 246 backwards). Timed again like any other point, never reused. The interpreter's records (a test run's
+    wall times on the CPU) say nothing of a GPU's winner: they are no guess for one."""
     fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
     return [families.knobs_from_json(direction, best.knobs)
-            for store in stores for other in store.gpu_families() if other != gpu.family
+            for store in stores for other in store.gpu_families()
+            if other not in (gpu.family, INTERPRETER.family)
             for best in store.best(other, fingerprint, direction) if best.problem == problem]
 
 
