@@ -293,3 +293,14 @@ def test_another_gpus_winner_of_the_problem_is_a_first_guess(tmp_path):
         assert batches[0][0] == default, batches
         assert (batches[0][1] == winner) is guessed and (winner in sum(batches, [])) is guessed, batches
     theirs.close()
+
+
+def test_a_family_stops_at_its_budget_or_the_deadline_whichever_comes_first():
+    import time
+
+    from autoflash.tune import earliest
+
+    now = time.monotonic()
+    assert earliest(None, None) is None and earliest(now + 5, None) == now + 5
+    assert now + 9 <= earliest(None, 10) <= time.monotonic() + 10
+    assert earliest(now + 100, 1) <= time.monotonic() + 1 and earliest(now + 1, 100) == now + 1

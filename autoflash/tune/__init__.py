@@ -10,3 +10,9 @@ SAMPLERS = ("tpe", "random", "grid")
 def past(deadline: float | None) -> bool:
     """Whether `deadline` (a time.monotonic() time; None: none) has come."""
     return deadline is not None and time.monotonic() >= deadline
+
+
+def earliest(deadline: float | None, budget_s: float | None) -> float | None:
+    """The earlier of `deadline` (a time.monotonic() time) and `budget_s` seconds from now (None: no limit)."""
+    times = [t for t in (deadline, None if budget_s is None else time.monotonic() + budget_s) if t is not None]
+    return min(times, default=None)

@@ -10,7 +10,6 @@ searched as ordinals (the index into their choices), so that TPE sees 64 next to
 
 import itertools
 import random
-import time
 from collections.abc import Callable, Sequence
 
 import optuna
@@ -35,13 +34,13 @@ def valid_points(space: dict[str, Sequence], is_valid: Callable[[Point], bool]) 
 
 def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[float | None]], *,
            study_name: str, storage, sampler: str = "tpe", seed: int | None = None, n_trials: int = 50,
-           time_budget: float | None = None, deadline: float | None = None, warm_start: Sequence[Point] = (),
+           deadline: float | None = None, warm_start: Sequence[Point] = (),
            is_valid: Callable[[Point], bool] = lambda p: True, batch_size: int = 8,
            known: Sequence[tuple[Point, float | None]] = (),
            on_trial: Callable[[Point, float | None], None] = lambda p, v: None) -> optuna.Study:
     """Run the study `study_name` until it holds `n_trials` distinct evaluated points (earlier runs
-    count, so an interrupted search resumes), the budget of seconds is spent or the `deadline` (a time.monotonic()
-    time) comes (no batch is asked for after either), or no new point turns up (the valid space is spent; a
+    count, so an interrupted search resumes), the `deadline` (a time.monotonic() time) comes (no batch is asked for
+    after it), or no new point turns up (the valid space is spent; a
     converged sampler is helped by random unseen points). A point proposed again is told its known cost; it does
     not count as a new trial. `known` points (evaluated before, by any process) join the study first, so that they
     count and TPE learns from them."""
@@ -58,9 +57,9 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
             study.enqueue_trial(_encode(point, space), skip_if_exists=True)
     values = {_key(_decode(t.params, space)): t.value for t in study.get_trials(deepcopy=False)
               if t.user_attrs.get("evaluated")}
-    start, rng = time.monotonic(), random.Random(seed)
+    rng = random.Random(seed)
     while len(values) < n_trials:
-        if time_budget is not None and time.monotonic() - start > time_budget or past(deadline):
+        if past(deadline):
             break
         size = min(batch_size, n_trials - len(values))
         if grid is not None:  # the first points of the grid not yet evaluated, whatever earlier runs left undone

@@ -21,7 +21,7 @@ from autoflash.families.base import KernelFamily
 from autoflash.gpu import INTERPRETER, Gpu
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
-from autoflash.tune import past
+from autoflash.tune import earliest, past
 from autoflash.tune.runner import Runner
 from autoflash.tune.search import NOT_RUN, restricted_space, search
 
@@ -268,7 +268,7 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     warm = [k.as_point() for k in guesses if k is not None and k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
     search(valid_space, evaluate, study_name=study_name(gpu, problem, family.name, direction),
-           storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials, time_budget=time_budget,
-           deadline=deadline, warm_start=warm, is_valid=is_valid, batch_size=max(4, len(runner.compilers)),
+           storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials,
+           deadline=earliest(deadline, time_budget), warm_start=warm, is_valid=is_valid, batch_size=max(4, len(runner.compilers)),
            known=known, on_trial=lambda p, v: on_trial(knobs_class(**p), v))
     return done, None
