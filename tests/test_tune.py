@@ -296,8 +296,6 @@ def test_another_gpus_winner_of_the_problem_is_a_first_guess(tmp_path):
 
 
 def test_a_family_stops_at_its_budget_or_the_deadline_whichever_comes_first():
-    import time
-
     from autoflash.tune import earliest
 
     now = time.monotonic()
