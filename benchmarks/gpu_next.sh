@@ -67,6 +67,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh split-retune $OUT  # after G-bwd23: the campaign's d160/d192
 #                                                                       backward records searched one trial further (79)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh capture $OUT  # NOTES 87: a training step captured whole (its
+#                                                                       GPU test), the bench's backward under graphs, the bisect
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
 # on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
 #   . .device/setup.sh && bash benchmarks/campaign.sh $OUT 540 4
@@ -537,6 +539,16 @@ decode-gap)  # NOTES 69: a 1k-32k decode call in graphs takes ~50-65 us more tha
         done
     done
     kill $smi
+    ;;
+capture)  # NOTES 87: CUDA graph capture of the autograd backward; ~2 minutes on an H100
+    limit 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_graph.py \
+        > "$out/${day}_${gpu}_gpu_tests_graph.log" 2>&1
+    echo "graph tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_graph.log" | tail
+    head -5 benchmarks/results/host_floor/holdout_short.yaml > /tmp/capture_first.yaml  # (its first problem)
+    limit 90 python -m autoflash bench --shapes /tmp/capture_first.yaml --mode bwd --graph --rounds 1 \
+        --out "$out/${day}_${gpu}_capture_bench_graph.jsonl" 2>&1 | grep -v -i warn | tail -n 4
+    limit 90 python benchmarks/results/host_floor/capture_bisect.py 2>&1 | grep -v -i warn \
+        | tee "$out/${day}_${gpu}_capture_bisect.log"
     ;;
 short-ncu)  # NOTES 66: stall sampling by instruction of the Gluon default at d64 causal 512 and 16k, and of cuDNN's
     # kernel at 512, for the contrast (one CSV each, compressed)

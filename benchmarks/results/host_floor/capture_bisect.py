@@ -1,6 +1,8 @@
 """Session 28: which part of autoflash's autograd backward breaks CUDA graph capture (capture_repro.py: the plan's
 backward captures on the main thread, torch.autograd.grad through _Attention does not, SDPA's does). Each case is
-a torch.autograd.Function whose backward does part of ours; each is captured like the bench captures."""
+a torch.autograd.Function whose backward does part of ours, captured like the bench captures. After session 28's
+run, three cases went first: SDPA's node, then ours twice (is it the process's first capture that fails, or
+our node?)."""
 import torch
 
 import autoflash
@@ -13,7 +15,9 @@ plan = out.grad_fn.plan
 saved = out.grad_fn.saved_tensors
 
 
-def case(name, backward, outputs=1):
+def case(name, backward=None, outputs=1, attend=None):
+    """Capture torch.autograd.grad through `attend(q, k, v)` (default: a Function whose backward is `backward`,
+    with one or two outputs) as the bench does: warm-up on a side stream, then the capture."""
     class F(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
@@ -25,7 +29,7 @@ def case(name, backward, outputs=1):
             return backward(dout)
 
     inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
-    y = F.apply(*inputs)
+    y = attend(*inputs) if attend else F.apply(*inputs)
     y = y[0] if outputs == 2 else y
     try:
         side = torch.cuda.Stream()
@@ -52,6 +56,11 @@ def stream_report(dout):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+# (session 29) which fails first in a fresh process: SDPA's node, then ours, then ours again
+case("plain SDPA, first capture of the process",
+     attend=lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+case("autoflash.attention", attend=lambda q, k, v: autoflash.attention(q, k, v, causal=True))
+case("autoflash.attention again", attend=lambda q, k, v: autoflash.attention(q, k, v, causal=True))
 case("stream report (no capture meaning)", stream_report)
 case("allocations only", lambda dout: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
 case("plan.backward, one output", lambda dout: plan.backward(*saved, dout, None))
