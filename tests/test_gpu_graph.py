@@ -36,7 +36,7 @@ def test_attention_replays_in_a_cuda_graph(head_dim, given_out):
 def test_training_step_replays_in_a_cuda_graph(problem):
     """PyTorch's whole-network capture: warm-up on a side stream, then forward and backward captured together; the
     replay on fresh inputs gives the fp64 reference's gradients. (The first problem is the graph test's; the second
-    the held-out problem whose backward-only capture failed in benchmarks/NOTES.md 87.)"""
+    has the shape of the held-out problem whose backward-only capture failed in benchmarks/NOTES.md 87.)"""
     *shape, head_dim = problem
     leaves = [t.requires_grad_() for t in make_qkv(*shape, head_dim, torch.float16, "cuda", seed=1)]
     dout = torch.randn(shape[0], shape[1], shape[3], head_dim, dtype=torch.float16, device="cuda")

@@ -40,10 +40,9 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
            on_trial: Callable[[Point, float | None], None] = lambda p, v: None) -> optuna.Study:
     """Run the study `study_name` until it holds `n_trials` distinct evaluated points (earlier runs
     count, so an interrupted search resumes), the `deadline` (a time.monotonic() time) comes (no batch is asked for
-    after it), or no new point turns up (the valid space is spent; a
-    converged sampler is helped by random unseen points). A point proposed again is told its known cost; it does
-    not count as a new trial. `known` points (evaluated before, by any process) join the study first, so that they
-    count and TPE learns from them."""
+    after it), or no new point turns up (the valid space is spent; a converged sampler is helped by random unseen
+    points). A point proposed again is told its known cost; it does not count as a new trial. `known` points
+    (evaluated before, by any process) join the study first, so that they count and TPE learns from them."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=study_name, storage=storage, sampler=make_sampler(sampler, seed),
                                 direction="minimize", load_if_exists=True)

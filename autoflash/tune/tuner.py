@@ -269,6 +269,6 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
     search(valid_space, evaluate, study_name=study_name(gpu, problem, family.name, direction),
            storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials,
-           deadline=earliest(deadline, time_budget), warm_start=warm, is_valid=is_valid, batch_size=max(4, len(runner.compilers)),
-           known=known, on_trial=lambda p, v: on_trial(knobs_class(**p), v))
+           deadline=earliest(deadline, time_budget), warm_start=warm, is_valid=is_valid,
+           batch_size=max(4, len(runner.compilers)), known=known, on_trial=lambda p, v: on_trial(knobs_class(**p), v))
     return done, None

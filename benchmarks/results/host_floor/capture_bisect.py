@@ -52,7 +52,8 @@ def case(name, backward=None, outputs=1, attend=None):
 
 
 def stream_report(dout):
-    print("  on the backward's thread: current stream", torch.cuda.current_stream(), "device", torch.cuda.current_device())
+    print("  on the backward's thread: current stream", torch.cuda.current_stream(),
+          "device", torch.cuda.current_device())
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -65,5 +66,6 @@ case("stream report (no capture meaning)", stream_report)
 case("allocations only", lambda dout: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
 case("plan.backward, one output", lambda dout: plan.backward(*saved, dout, None))
 case("plan.backward, two outputs", lambda dout: plan.backward(*saved, dout, None), outputs=2)
-case("torch ops only (zero_ + copy_)", lambda dout: (torch.empty_like(q).copy_(dout), torch.zeros_like(k), torch.zeros_like(v)))
+case("torch ops only (zero_ + copy_)",
+     lambda dout: (torch.empty_like(q).copy_(dout), torch.zeros_like(k), torch.zeros_like(v)))
 print("main thread stream:", torch.cuda.current_stream())
