@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 18's coverage campaign (examples/campaign/: prefill, cross-attention, GQA prefill and fp16 both ways, decode
-# forward) on this machine's GPU family, for a bounded wall time, so that it runs across device calls and sessions:
+# Issue 18's coverage campaign (examples/campaign/: prefill, cross-attention, GQA prefill, fp16 and short
+# sequences both ways, decode forward) on this machine's GPU family, for a bounded wall time, so that it runs
+# across device calls and sessions:
 #   . .device/setup.sh && bash benchmarks/campaign.sh $OUT [seconds, default 540] [trials, default 4]
 # Each call resumes where the last one stopped (the tuner never times a variant twice): it tunes into a copy of
 # tuning_db/<family>.db, is interrupted (SIGINT: finished trials are kept) when the seconds are spent, merges the
@@ -19,7 +20,8 @@ rm -f "$work" && { [ -f "$db" ] && cp "$db" "$work" || true; }
 warm=()
 for other in tuning_db/*.db; do [ "$other" != "$db" ] && warm+=(--warm-from "$other"); done
 end=$(( $(date +%s) + seconds ))
-for entry in ${ENTRIES:-prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd gqa:fwd gqa:bwd fp16:fwd fp16:bwd}; do
+for entry in ${ENTRIES:-prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd gqa:fwd gqa:bwd fp16:fwd fp16:bwd \
+                short:fwd short:bwd}; do
     file=examples/campaign/${entry%%:*}.yaml mode=${entry##*:}
     families=()
     [ "$mode" = bwd ] && [ -n "${BWD_FAMILIES:-}" ] && families=(--families "$BWD_FAMILIES")
@@ -34,4 +36,5 @@ python -m autoflash merge --into "$db" "$work" --current-only --standalone
 cp "$db" "$out/"
 python benchmarks/campaign_summary.py "$db" "$family" examples/campaign/prefill.yaml examples/campaign/cross.yaml \
     examples/campaign/decode.yaml:fwd examples/campaign/gqa.yaml examples/campaign/fp16.yaml \
+    examples/campaign/short.yaml \
     --out "$out/campaign_summary_$family.jsonl"
