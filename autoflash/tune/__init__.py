@@ -14,5 +14,7 @@ def past(deadline: float | None) -> bool:
 
 def earliest(deadline: float | None, budget_s: float | None) -> float | None:
     """The earlier of `deadline` (a time.monotonic() time) and `budget_s` seconds from now (None: no limit)."""
-    times = [t for t in (deadline, None if budget_s is None else time.monotonic() + budget_s) if t is not None]
-    return min(times, default=None)
+    if budget_s is None:
+        return deadline
+    end = time.monotonic() + budget_s
+    return end if deadline is None else min(deadline, end)
