@@ -2,11 +2,12 @@
 then the one shipped in `tuning_db/`, then the heuristic default.
 
 Within a source, the exact problem wins; failing that, the nearest tuned problem with the same
-dtype, head dim, causal flag and GQA ratio (`Problem.distance`) within MAX_DISTANCE, those with the call's own
-variants (packed sequences, paged caches, or neither) in every source before the others. Only records of this GPU family and of the
-templates this code renders (every kernel family's current fingerprint) count. Each source is read once per
-process (one query per kernel family); `autoflash.attention` keeps the choice per call signature, so after
-the first call of a signature dispatch touches neither a database nor this module.
+dtype, head dim and causal flag (and GQA ratio, in the backward: `Problem.distance`) within MAX_DISTANCE,
+those with the call's own variants (packed sequences, paged caches, or neither) in every source before the
+others. Only records of this GPU family and of the templates this code renders (every kernel family's current
+fingerprint) count. Each source is read once per process (one query per kernel family); `autoflash.attention`
+keeps the choice per call signature, so after the first call of a signature dispatch touches neither a
+database nor this module.
 """
 
 import threading
@@ -100,7 +101,7 @@ def choose(problem: Problem, gpu: Gpu, sources: list[tuple[str, list[Record]]], 
     for alike in (True, False) if problem.variants else (True, ):
         for url, records in sources:
             near = [(d, r) for r in records if (r.problem.variants == problem.variants or not alike)
-                    and (d := problem.distance(r.problem)) is not None and d <= MAX_DISTANCE]
+                    and (d := problem.distance(r.problem, direction)) is not None and d <= MAX_DISTANCE]
             if near:
                 d, record = min(near, key=lambda item: item[0])
                 kind = "" if record.problem.variants == problem.variants else \

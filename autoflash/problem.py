@@ -181,24 +181,30 @@ class Problem:
         return (f"b{self.batch} h{heads} s{lengths} d{self.head_dim}{' causal' if self.causal else ''} {dtype}"
                 + "".join(f" {part}" for part in self._variant_parts()))
 
-    def distance(self, other: "Problem") -> float | None:
-        """Log-scale distance to a problem of the same kind (`_kind`): lengths, batch x heads and page sizes (where
-        both have pages) compared in log2; None for a problem of another kind. Packed and paged problems are of the
-        kind of the dense ones (dispatch prefers those with its own variants: dispatch.choose)."""
-        if self._kind() != other._kind():
+    def distance(self, other: "Problem", direction: str = "fwd") -> float | None:
+        """Log-scale distance to a problem of the same kind (`_kind`): lengths, batch x heads, page sizes (where
+        both have pages) and, in the forward, GQA ratios (twice) compared in log2; None for a problem of another kind.
+        Packed and paged problems are of the kind of the dense ones (dispatch prefers those with its own variants:
+        dispatch.choose)."""
+        if self._kind(direction) != other._kind(direction):
             return None
-        return sum(abs(math.log2(x) - math.log2(y)) for x, y in (
+        steps = sum(abs(math.log2(x) - math.log2(y)) for x, y in (
             (self.seqlen_q, other.seqlen_q), (self.seqlen_k, other.seqlen_k),
             (self.batch * self.heads_q, other.batch * other.heads_q),
             *([(self.page_size, other.page_size)] if self.page_size and other.page_size else [])))
+        if direction == "fwd":  # two steps a doubling: another ratio's winner only where none of this ratio is near
+            steps += 2 * abs(math.log2(self.heads_q // self.heads_kv) - math.log2(other.heads_q // other.heads_kv))
+        return steps
 
-    def _kind(self) -> tuple:
-        """What a tuned neighbour shares: dtype, head dim, causal flag, GQA ratio, whether a head's query rows fill
-        a query tile (fewer, decode and speculative chunks, run other shapes of kernel: query heads packed into a
-        tile, keys split; a decode winner ran a 1000-token causal prefill at 0.66x plain SDPA, NOTES 74), window,
-        softcap, alibi, mods (packed sequences and pages aside: `variants`)."""
-        return (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv, self.seqlen_q < TILE_ROWS,
-                self.window, self.softcap, self.alibi, self.mask_mod, self.score_mod)
+    def _kind(self, direction: str = "fwd") -> tuple:
+        """What a tuned neighbour shares: dtype, head dim, causal flag, whether a head's query rows fill a query
+        tile (fewer, decode and speculative chunks, run other shapes of kernel: query heads packed into a tile, keys
+        split; a decode winner ran a 1000-token causal prefill at 0.66x plain SDPA, NOTES 74), window, softcap,
+        alibi, mods (packed sequences and pages aside: `variants`); in the backward, the GQA ratio too. (A forward
+        winner carries across ratios, at two steps of distance a doubling; the backward's, whose programs sum dK and
+        dV over a group's query heads, did not: left out by kind on both GPUs' records, NOTES 92.)"""
+        return (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv if direction == "bwd" else 0,
+                self.seqlen_q < TILE_ROWS, self.window, self.softcap, self.alibi, self.mask_mod, self.score_mod)
 
     def tensor_bytes(self, direction: str = "fwd") -> int:
         """Bytes of one call's tensors: q, k, v, out and the fp32 lse; the backward adds dout, dq, dk, dv."""

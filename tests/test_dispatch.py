@@ -105,6 +105,19 @@ def test_directions_are_dispatched_apart(tuned_db):
     assert dispatcher.choice(dataclasses.replace(BASE, causal=True), H100, "bwd").source == "default"
 
 
+def test_a_forward_winner_serves_other_gqa_ratios_a_backward_winner_does_not(tuned_db):
+    """The forward counts log2 steps of GQA ratio in its distance; the backward keeps the ratio in its kind (dK and
+    dV summed over a group's query heads: NOTES 92)."""
+    gqa = dataclasses.replace(BASE, heads_kv=4)  # 4:1, two doublings from BASE's 1:1: two steps each
+    assert gqa.distance(BASE) == gqa.distance(BASE, "fwd") == 4.0 and gqa.distance(BASE, "bwd") is None
+    assert gqa.distance(dataclasses.replace(gqa, heads_kv=2), "fwd") == 2.0  # (batch x heads the same)
+    record(Store(tuned_db), H100, BASE, BwdKnobs(block_m=32, block_n=64, num_warps=4, dq="atomic"), 5.0)
+    dispatcher = Dispatcher([tuned_db])
+    forward = dispatcher.choice(gqa, H100)
+    assert forward.knobs == FAST and forward.tuned.problem == BASE and forward.reason.endswith("(log2 distance 4.00)")
+    assert dispatcher.choice(gqa, H100, "bwd").source == "default"
+
+
 def test_attention_reads_each_database_once_and_uses_the_tuned_variants(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'interp.db'}"
     q, k, v = make_qkv(1, 2, 2, 40, 40, 32, __import__("torch").float16, DEVICE, seed=5)

@@ -67,7 +67,7 @@ def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, family: str, directi
     """Best `family` variants of the tuned problems closest to `problem` (of the same kind: Problem.distance)."""
     fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
     near = [(d, best.knobs) for best in store.best(gpu.family, fingerprint, direction)
-            if best.problem != problem and (d := problem.distance(best.problem)) is not None]
+            if best.problem != problem and (d := problem.distance(best.problem, direction)) is not None]
     return [families.knobs_from_json(direction, knobs) for _, knobs in sorted(near)[:count]]
 
 
