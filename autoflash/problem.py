@@ -193,7 +193,7 @@ class Problem:
             (self.batch * self.heads_q, other.batch * other.heads_q),
             *([(self.page_size, other.page_size)] if self.page_size and other.page_size else [])))
         if direction == "fwd":  # two steps a doubling: another ratio's winner only where none of this ratio is near
-            steps += 2 * abs(math.log2(self.heads_q // self.heads_kv) - math.log2(other.heads_q // other.heads_kv))
+            steps += 2 * abs(math.log2(self.group) - math.log2(other.group))
         return steps
 
     def _kind(self, direction: str = "fwd") -> tuple:
@@ -203,7 +203,7 @@ class Problem:
         alibi, mods (packed sequences and pages aside: `variants`); in the backward, the GQA ratio too. (A forward
         winner carries across ratios, at two steps of distance a doubling; the backward's, whose programs sum dK and
         dV over a group's query heads, did not: left out by kind on both GPUs' records, NOTES 92.)"""
-        return (self.dtype, self.head_dim, self.causal, self.heads_q // self.heads_kv if direction == "bwd" else 0,
+        return (self.dtype, self.head_dim, self.causal, self.group if direction == "bwd" else None,
                 self.seqlen_q < TILE_ROWS, self.window, self.softcap, self.alibi, self.mask_mod, self.score_mod)
 
     def tensor_bytes(self, direction: str = "fwd") -> int:
@@ -231,6 +231,11 @@ class Problem:
         keys = [self.seqlen_k, *np.clip(drawn, low, self.seqlen_k).tolist()]
         per_key = -(-self.seqlen_q // self.seqlen_k)
         return [min(self.seqlen_q, n * per_key) for n in keys], keys
+
+    @property
+    def group(self) -> int:
+        """Query heads a KV head serves (the GQA ratio; 1 for MHA)."""
+        return self.heads_q // self.heads_kv
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -113,7 +113,7 @@ class Bench:
         """Per sample (b, h): the forward's (out, lse) of query head h, or the backward's (dq of head h,
         dk and dv of its KV head, from all the query heads of its group)."""
         q, k, v = self.sets[0][:3]
-        group = self.problem.heads_q // self.problem.heads_kv
+        group = self.problem.group
         slopes = self.reference_variants["alibi_slopes"]
 
         def of_head(head):  # the variant arguments of one query head
@@ -183,7 +183,7 @@ class Bench:
         if any(torch.isnan(t).any() for t in outputs):
             return "output holds NaN (unwritten elements or broken arithmetic)"
         tolerance = TOLERANCE[self.problem.torch_dtype]
-        group = self.problem.heads_q // self.problem.heads_kv
+        group = self.problem.group
         for (b, h), ref in self.reference.items():
             if self.direction == "bwd":
                 for name, grad, head, expected in zip(("dq", "dk", "dv"), self.grads, (h, h // group, h // group), ref):

@@ -271,7 +271,7 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
     rows_y = problem.heads_q if "VARLEN" in problem.variants else problem.batch * problem.heads_q
     if rows_y > MAX_GRID_Y:
         why.append(f"{rows_y} programs (batch x heads_q) along the grid's y axis, CUDA allows {MAX_GRID_Y}")
-    group = problem.heads_q // problem.heads_kv
+    group = problem.group
     if group % knobs.group_splits and not knobs.uneven_groups:
         why.append(f"group_splits {knobs.group_splits} does not divide the {group} query heads of a KV head "
                    "(uneven_groups splits them so)")
@@ -353,7 +353,7 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     d = head_dim_pad(problem.head_dim)
     if direction == "bwd":
         split = problem.causal and problem.window == (-1, -1) and problem.seqlen_q >= 2048
-        group = problem.heads_q // problem.heads_kv if split else 1
+        group = problem.group if split else 1
         # (dq_turns has run on the GPU for dense problems and the fixed variants, not packed or masked ones yet)
         turns = d <= 64 and not problem.gates() & {"VARLEN", "MASK_MOD"}
         # (dv_late measured faster past head dim 64 on full attention only, causal cells -4 to +3%, NOTES G-bwd21;

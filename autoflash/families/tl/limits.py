@@ -51,7 +51,7 @@ def accumulator_registers(knobs: Knobs, problem: Problem) -> int:
 
 def query_rows(knobs: FwdKnobs, problem: Problem) -> int:
     """Rows a forward program's query tiles walk through: seqlen_q, or seqlen_q x group with pack_gqa."""
-    return problem.seqlen_q * (problem.heads_q // problem.heads_kv if knobs.pack_gqa else 1)
+    return problem.seqlen_q * (problem.group if knobs.pack_gqa else 1)
 
 
 def grid_heads(knobs: FwdKnobs, problem: Problem) -> int:
