@@ -82,8 +82,10 @@
 set -uo pipefail
 step=$1 out=$2
 
-reap() {  # a timed-out pytest's xdist workers outlive it and keep their GPU memory: the next step would run out
-    nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | xargs -r kill -9 2>/dev/null
+reap() {  # a timed-out pytest's xdist workers outlive it and keep their GPU memory: the next step would run out.
+          # Only this step's GPUs (CUDA_VISIBLE_DEVICES): a campaign on the machine's other GPUs is left alone.
+    nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} --query-compute-apps=pid --format=csv,noheader \
+        2>/dev/null | xargs -r kill -9 2>/dev/null
 }
 limit() {  # timeout [-s SIG] SECONDS CMD...; then reap what it left behind
     timeout -k 10 "$@"; local rc=$?

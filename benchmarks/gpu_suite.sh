@@ -22,7 +22,8 @@ timeout -k 10 "$seconds" python -m pytest -v -m gpu -n "${WORKERS:-14}" -p no:ca
     > "$out/gpu_suite.log" 2>&1
 rc=$?
 if [ $rc -ge 124 ]; then  # timed out: xdist's workers may still hold the GPU
-    nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+    nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} --query-compute-apps=pid --format=csv,noheader |
+        xargs -r kill -9  # this run's GPUs only
 fi
 sed -n 's/^\[gw[0-9]*\] \[ *[0-9]*%\] \(PASSED\|FAILED\|SKIPPED\|ERROR\|XFAIL\|XPASS\) \(.*[^ ]\) *$/\1 \2/p' \
     "$out/gpu_suite.log" >> "$out/gpu_suite_done.txt"
