@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 
 import click
@@ -47,9 +48,10 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     directions = DIRECTIONS if mode == "both" else (mode,)
     searched = family_list(family_names, directions)
     chosen = device_list(devices, interpret)
-    # One tuner process per device; one device given that this process does not run on alone is one such process
+    # One tuner process per device; one device given that this process does not see alone is one such process
     # too (its compile and timing workers inherit CUDA_VISIBLE_DEVICES).
-    if len(chosen) > 1 or (devices and not interpret and os.environ.get("CUDA_VISIBLE_DEVICES") != chosen[0]):
+    alone = visible_devices() is not None and len(visible_devices()) == 1 and chosen == ["0"]
+    if len(chosen) > 1 or (devices and not interpret and not alone):
         options = dict(shapes=shapes_file, gpu=gpu_name, trials=trials, time_budget=time_budget, mode=mode,
                        db=db_url, sampler=sampler, seed=seed, trial_timeout=trial_timeout, interpret=interpret,
                        families=family_names, warm_from=warm_from,
@@ -127,6 +129,24 @@ def family_list(names: str | None, directions) -> dict:
     return chosen
 
 
+def visible_devices() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES's entries (indices or UUIDs), None when it is not set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if visible is None else [d.strip() for d in visible.split(",") if d.strip()]
+
+
+def physical_device(device: str) -> str:
+    """The CUDA_VISIBLE_DEVICES entry of the device that this process calls `device` (an index among those it sees):
+    a child given it sees that GPU, not the machine's GPU of the same index."""
+    visible = visible_devices()
+    if visible is None:
+        return device
+    if int(device) >= len(visible):
+        raise click.BadParameter(f"GPU {device} is not visible: CUDA_VISIBLE_DEVICES={','.join(visible)} shows "
+                                 f"{len(visible)}, indexed from 0", param_hint="--devices")
+    return visible[int(device)]
+
+
 def device_list(devices: str | None, interpret: bool) -> list[str]:
     """The --devices to tune on: the given indices, else every visible GPU (one under --interpret)."""
     if devices is None:
@@ -139,6 +159,8 @@ def device_list(devices: str | None, interpret: bool) -> list[str]:
     if not chosen or not all(d.isdigit() for d in chosen) or len(set(chosen)) != len(chosen):
         raise click.BadParameter(f"expected distinct GPU indices such as 0,1,3, got {devices!r}",
                                  param_hint="--devices")
+    for device in chosen if not interpret else ():
+        physical_device(device)  # (refuses an index past the visible GPUs)
     return chosen
 
 
@@ -180,8 +202,9 @@ def fan_out(devices: list[str], options: dict) -> int:
     click.echo(f"tuning on {len(devices)} devices ({', '.join(devices)}), one process each, sharing the database")
     children = []
     for i, device in enumerate(devices):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=device)
-        command = [sys.executable, "-m", "autoflash", "tune", "--shapes", *args, "--devices", device,
+        # the child sees its GPU alone, as its device 0: the index counts among this process's visible GPUs
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=device if options["interpret"] else physical_device(device))
+        command = [sys.executable, "-m", "autoflash", "tune", "--shapes", *args, "--devices", "0",
                    "--begin-at", f"{i}/{len(devices)}"]
         children.append((device, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                   text=True)))
@@ -208,9 +231,20 @@ def fan_out(devices: list[str], options: dict) -> int:
         thread.join()
     for (device, _), status in zip(children, statuses):
         if status:
-            last = [line for line in errors[device].replace("\r", "\n").splitlines() if line.strip()][-3:]
-            click.echo(f"[gpu {device}] exited with status {status}: {' | '.join(last)}", err=True)
+            click.echo(f"[gpu {device}] exited with status {status}: {failure(errors[device], device)}", err=True)
     return next((status for status in statuses if status), 0)
+
+
+def failure(stderr: str, device: str) -> str:
+    """What a tuner that failed said: its error's last line (not the progress labels after it), and the file that
+    keeps all it wrote to stderr."""
+    lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith(("Traceback (most recent call last)", "Error: "))]
+    said = next((line for line in lines[starts[-1]:][::-1] if not line.startswith(" ")), "") if starts else ""
+    fd, path = tempfile.mkstemp(prefix=f"autoflash-tune-gpu{device}-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(stderr)
+    return f"{said or 'no error message'} (its stderr: {path})"
 
 
 def database_failure(url: str, error: BaseException) -> str:

@@ -1,10 +1,14 @@
 """`autoflash tune --devices`: one tuner process per device on one database; together they time each variant once
 and exactly --trials per problem, and each starts on its own part of the problems."""
 
+import importlib
+import io
+import os
 import subprocess
 import sys
 from contextlib import closing
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -14,6 +18,8 @@ from autoflash.db.base import connect_readonly
 from autoflash.db.store import Store
 from autoflash.problem import Problem
 from tuning import TWO_PROBLEMS, assert_sound, problems_file
+
+tune_cli = importlib.import_module("autoflash.cli.tune")  # (autoflash.cli's `tune` is the click command)
 
 
 def test_two_tuners_share_the_problems_and_time_each_variant_once(tmp_path):
@@ -58,3 +64,41 @@ def test_bad_devices_are_one_line_errors(tmp_path, devices):
                                        problems_file(tmp_path, TWO_PROBLEMS), "--db", str(tmp_path / "x.db")])
     assert result.exit_code == 2 and "distinct GPU indices" in result.output
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_device_index_counts_among_the_visible_gpus(monkeypatch):
+    """--devices 1 under CUDA_VISIBLE_DEVICES=4,5,6 is the machine's GPU 5: each tuner is started seeing its GPU alone
+    (as its device 0), never the machine's GPU of the same index (a campaign on GPUs 1-3 once tuned on GPU 0)."""
+    started = []
+
+    class Child:
+        def __init__(self, command, env, **_):
+            started.append((env["CUDA_VISIBLE_DEVICES"], command[command.index("--devices") + 1]))
+            self.stdout, self.stderr = iter(()), io.StringIO("")
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    monkeypatch.setattr(tune_cli.subprocess, "Popen", Child)
+    options = dict(shapes="p.yaml", gpu=None, trials=1, time_budget=None, mode="fwd", db="x.db", sampler="tpe",
+                   seed=None, trial_timeout=180, interpret=False, families=None, warm_from=(), workers=1)
+    assert tune_cli.fan_out(["0", "2"], options) == 0
+    assert started == [("4", "0"), ("6", "0")]
+    assert tune_cli.physical_device("1") == "5"
+    with pytest.raises(click.BadParameter, match="GPU 3 is not visible: CUDA_VISIBLE_DEVICES=4,5,6 shows 3"):
+        tune_cli.device_list("1,3", interpret=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert tune_cli.physical_device("3") == "3"
+
+
+def test_a_failed_tuner_is_reported_by_its_error_not_its_progress_labels():
+    stderr = ("b1 h8 s512 d64 fp16 fwd\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+              "    boom()\nRuntimeError: CUDA error: out of memory\n")
+    said = tune_cli.failure(stderr, "1")
+    assert said.startswith("RuntimeError: CUDA error: out of memory (its stderr: ")
+    path = said.split("its stderr: ")[1].rstrip(")")
+    assert open(path).read() == stderr
+    os.remove(path)
+    assert tune_cli.failure("Error: no such file\n", "0").startswith("Error: no such file (")
+    assert tune_cli.failure("b1 h8 s512 d64 fp16 fwd\n", "0").startswith("no error message (")
