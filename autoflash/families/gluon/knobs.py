@@ -352,7 +352,11 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     d128 full cells +2-18%, NOTES G-bwd21; beside dq_turns on the d64 cells from 2k +1.9%, NOTES 68)."""
     d = head_dim_pad(problem.head_dim)
     if direction == "bwd":
-        split = problem.causal and problem.window == (-1, -1) and problem.seqlen_q >= 2048
+        # A KV head that serves 16 query heads or more (MQA, GQA 16:1) runs few programs unsplit at any length: its
+        # group splits from 512 queries, over 8 programs past head dim 64 (the tuned MQA 32/1 records: 8 won all 16
+        # causal problems past d64 on both GPUs, the default's 2 ran 0.70-0.96 of it, unsplit 0.47-0.94; NOTES 98)
+        wide = problem.group >= 16
+        split = problem.causal and problem.window == (-1, -1) and problem.seqlen_q >= (512 if wide else 2048)
         group = problem.group if split else 1
         # (dq_turns has run on the GPU for dense problems and the fixed variants, not packed or masked ones yet)
         turns = d <= 64 and not problem.gates() & {"VARLEN", "MASK_MOD"}
@@ -360,7 +364,7 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         # to 64 beside dq_turns, causal or not, +1.9%, NOTES 68)
         late = (d <= 64 or not problem.causal) and d <= 128 and problem.window == (-1, -1) and not problem.gates() & {
             "VARLEN", "MASK_MOD"}
-        splits, uneven = _group_splits(group, 4 if d <= 64 else 2)
+        splits, uneven = _group_splits(group, 4 if d <= 64 else 8 if wide else 2)
         unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
                            dq_turns=turns, dv_late=late)
         # (past head dim 128 where the split pays: two column tiles in 64-row steps, which the padded tile's shared
