@@ -345,7 +345,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     steps (32 past head dim 128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
     (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past it (NOTES
     G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
-    unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59). Splits balance the causal band's unequal programs; a
+    unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59); groups of 16 or more from 512 queries, 8 programs past
+    head dim 64 (NOTES 98). Splits balance the causal band's unequal programs; a
     window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit, 454-475 split, NOTES 59). To head dim 64 the two
     warpgroups take turns adding dQ (dq_turns: 11 of the fp16 grid's 12 d64 cells +3.5-10%, NOTES G-bwd20); full
     attention to head dim 128, and causal to 64, issues dV's wgmma after dS^T's store (dv_late: the fp16 grid's 6
