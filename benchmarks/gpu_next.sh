@@ -72,6 +72,8 @@
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
 # on any kind (every visible GPU tunes; nvidia-h100-x4 or nvidia-h200-x4 for speed):
 #   . .device/setup.sh && bash benchmarks/campaign.sh $OUT 540 4
+# A step of this file on GPU 0 while the campaign tunes on the others, in one call (a branch's step: PATCH=file):
+#   . .device/setup.sh && PATCH=bg.patch bash benchmarks/beside_campaign.sh $OUT bwd-graphs 470
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
