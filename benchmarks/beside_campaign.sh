@@ -9,7 +9,7 @@
 # (`--devices` counts among the visible GPUs, NOTES 97); the step's reaping of timed-out processes stays on GPU 0.
 set -u
 OUTDIR=$1 step=$2 seconds=${3:-470} out=/tmp/beside root=$(pwd)
-rm -rf "$out" && mkdir -p "$out/campaign" "$out/step"
+rm -rf "$out" && mkdir -p "$out/campaign" "$out/step" "$OUTDIR"
 gpus=$(nvidia-smi -L | wc -l) cores=$(nproc)
 [ "$gpus" -ge 2 ] || { echo "beside_campaign.sh wants two GPUs or more, this machine has $gpus"; exit 2; }
 family=$(python -c "from autoflash.gpu import current; print(current().family)")
