@@ -12,6 +12,7 @@ OUTDIR=$1 step=$2 seconds=${3:-470} out=/tmp/beside root=$(pwd)
 rm -rf "$out" && mkdir -p "$out/campaign" "$out/step" "$OUTDIR"
 gpus=$(nvidia-smi -L | wc -l) cores=$(nproc)
 [ "$gpus" -ge 2 ] || { echo "beside_campaign.sh wants two GPUs or more, this machine has $gpus"; exit 2; }
+[ "$cores" -ge 32 ] || { echo "beside_campaign.sh wants 32 cores or more (16 for the step), this machine has $cores"; exit 2; }
 family=$(python -c "from autoflash.gpu import current; print(current().family)")
 (CUDA_VISIBLE_DEVICES=$(seq -s, 1 $((gpus - 1))) taskset -c 16-$((cores - 1)) \
     bash benchmarks/campaign.sh "$out/campaign" "$seconds" 3 > "$out/campaign/campaign.out" 2>&1
