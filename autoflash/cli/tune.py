@@ -50,7 +50,8 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     chosen = device_list(devices, interpret)
     # One tuner process per device; one device given that this process does not see alone is one such process
     # too (its compile and timing workers inherit CUDA_VISIBLE_DEVICES).
-    alone = visible_devices() is not None and len(visible_devices()) == 1 and chosen == ["0"]
+    visible = visible_devices()
+    alone = visible is not None and len(visible) == 1 and chosen == ["0"]
     if len(chosen) > 1 or (devices and not interpret and not alone):
         options = dict(shapes=shapes_file, gpu=gpu_name, trials=trials, time_budget=time_budget, mode=mode,
                        db=db_url, sampler=sampler, seed=seed, trial_timeout=trial_timeout, interpret=interpret,
@@ -236,8 +237,8 @@ def fan_out(devices: list[str], options: dict) -> int:
 
 
 def failure(stderr: str, device: str) -> str:
-    """What a tuner that failed said: its error's last line (not the progress labels after it), and the file that
-    keeps all it wrote to stderr."""
+    """What a tuner that failed said: its error's last line (not the progress labels it printed before), and the
+    file that keeps all it wrote to stderr."""
     lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
     starts = [i for i, line in enumerate(lines) if line.startswith(("Traceback (most recent call last)", "Error: "))]
     said = next((line for line in lines[starts[-1]:][::-1] if not line.startswith(" ")), "") if starts else ""
