@@ -63,3 +63,32 @@ def test_training_step_replays_in_a_cuda_graph(problem):
     for name, grad, err in zip(("dq", "dk", "dv"), grads, gradient_errors(grads, expected)):
         assert not torch.isnan(grad).any(), f"{name} holds NaN after the replay"
         assert err < GRAD_TOLERANCE[torch.float16], f"{name} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("problem", [(2, 8, 8, 1024, 1024, 80), (2, 8, 2, 333, 77, 64)], ids=["d80", "gqa-cross"])
+def test_a_small_backward_replays_its_address_sets(problem, monkeypatch):
+    """A small backward's plan captures an address set at its second call and replays it from then on
+    (autoflash/graphs.py, benchmarks/NOTES.md 93): each call's gradients, inputs refilled in place between calls
+    (the same addresses, new values) and grads poisoned, are the fp64 reference's; replays happened."""
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
+    *shape, head_dim = problem
+    leaves = [t.requires_grad_() for t in make_qkv(*shape, head_dim, torch.float16, "cuda", seed=1)]
+    dout = torch.empty(shape[0], shape[1], shape[3], head_dim, dtype=torch.float16, device="cuda")
+    for call in range(6):
+        fresh = make_qkv(*shape, head_dim, torch.float16, "cuda", seed=10 + call)
+        with torch.no_grad():
+            for leaf, value in zip(leaves, fresh):
+                leaf.copy_(value)
+            dout.copy_(torch.randn_like(dout))
+        grads = torch.autograd.grad(autoflash.attention(*leaves, causal=True), leaves, dout)
+        torch.cuda.synchronize()
+        expected = attention_backward_reference(*(t.detach() for t in leaves), dout, True)
+        for name, grad, err in zip(("dq", "dk", "dv"), grads, gradient_errors(grads, expected)):
+            assert not torch.isnan(grad).any(), f"call {call}: {name} holds NaN"
+            assert err < GRAD_TOLERANCE[torch.float16], f"call {call}: {name} relative error {err:.2e}"
+        for grad in grads:
+            grad.fill_(float("nan"))  # (freed at the next call's allocation: a stale write would show there)
+        del grads
+    assert replays, "no backward was replayed from a graph: its addresses never came back"

@@ -1,0 +1,91 @@
+"""autoflash/graphs.py's policy, on the CPU: which calls run the plan, which capture, which replay (the captures
+themselves are GPU-only: tests/test_gpu_graph.py)."""
+
+import pytest
+import torch
+
+from autoflash import graphs
+
+
+class FakeGraph:
+    def __init__(self, key):
+        self.key, self.replays = key, 0
+
+    def replay(self):
+        self.replays += 1
+
+
+@pytest.fixture
+def replayed(monkeypatch):
+    """A Replayed around a plan that logs its calls; captures make FakeGraphs (logged) and fail on request."""
+    calls, captures, failing = [], [], []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 7})())
+
+    def captured(self, tensors, stream):
+        if failing:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        captures.append(FakeGraph(tuple(t if t is None else t.data_ptr() for t in tensors)))
+        return captures[-1]
+    monkeypatch.setattr(graphs.Replayed, "_captured", captured)
+    r = graphs.Replayed(lambda *tensors: calls.append(tuple(t if t is None else t.data_ptr() for t in tensors)))
+    return r, calls, captures, failing
+
+
+def test_an_address_set_is_captured_at_its_second_call_and_replayed_after(replayed):
+    r, calls, captures, _ = replayed
+    a, b = (torch.empty(4), torch.empty(4)), (torch.empty(4), torch.empty(4))
+    r(*a)
+    assert len(calls) == 1 and not captures, "a first sighting runs the plan"
+    r(*b)
+    r(*a)
+    assert len(calls) == 2 and len(captures) == 1 and captures[0].replays == 1, "the second sighting captures, runs"
+    r(*a)
+    r(*a)
+    assert len(calls) == 2 and captures[0].replays == 3
+    r(*b)
+    assert len(captures) == 2 and captures[1].key == tuple(t.data_ptr() for t in b)
+
+
+def test_none_tensors_are_part_of_the_key(replayed):
+    r, calls, captures, _ = replayed
+    a = torch.empty(4)
+    r(a, None)
+    r(a, a)
+    assert len(calls) == 2 and not captures, "(a, None) and (a, a) are two address sets"
+
+
+def test_a_capture_that_fails_runs_the_plan_and_stops_capturing(replayed):
+    r, calls, captures, failing = replayed
+    a = (torch.empty(4),)
+    failing.append(True)
+    r(*a)
+    r(*a)
+    assert len(calls) == 2 and not captures
+    failing.clear()
+    for _ in range(3):
+        r(*a)
+    assert len(calls) == 5 and not captures, "after a failed capture the plan runs as it is"
+
+
+def test_a_capture_under_way_elsewhere_runs_the_plan(replayed, monkeypatch):
+    r, calls, captures, _ = replayed
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    a = (torch.empty(4),)
+    for _ in range(3):
+        r(*a)
+    assert len(calls) == 3 and not captures, "the caller's own capture records the plan's launches"
+
+
+def test_addresses_that_never_come_back_stop_the_captures(replayed, monkeypatch):
+    """Past FREE_CAPTURES, captures go on only while replays pay for them; the graphs kept still replay."""
+    monkeypatch.setattr(graphs, "FREE_CAPTURES", 3)
+    r, calls, captures, _ = replayed
+    sets = [(torch.empty(4),) for _ in range(8)]
+    for tensors in sets:  # each seen twice, never again: captured, never replayed
+        r(*tensors)
+        r(*tensors)
+    assert len(captures) == 3 and not r.capturing, "captures stop after three that no replay paid for"
+    r(*sets[2])
+    assert captures[2].replays == 2, "a kept graph still replays (its capture's run, then this call)"
+    assert len(calls) == 8 + 5, "first sightings, then the uncaptured second ones"
