@@ -1,4 +1,4 @@
-"""Small backwards replayed from CUDA graphs (benchmarks/NOTES.md 93).
+"""Small backwards replayed from CUDA graphs (benchmarks/NOTES.md 93, 94).
 
 A backward whose GPU time is below the host time of its launches (two or three Triton kernels, their TMA
 descriptors encoded per call, its buffers: ~60-80 µs of Python on the H100 machines) runs at the host's speed,

@@ -68,7 +68,7 @@ def test_training_step_replays_in_a_cuda_graph(problem):
 @pytest.mark.parametrize("problem", [(2, 8, 8, 1024, 1024, 80), (2, 8, 2, 333, 77, 64)], ids=["d80", "gqa-cross"])
 def test_a_small_backward_replays_its_address_sets(problem, monkeypatch):
     """A small backward's plan captures an address set at its second call and replays it from then on
-    (autoflash/graphs.py, benchmarks/NOTES.md 93): each call's gradients, inputs refilled in place between calls
+    (autoflash/graphs.py, benchmarks/NOTES.md 94): each call's gradients, inputs refilled in place between calls
     (the same addresses, new values) and grads poisoned, are the fp64 reference's; replays happened."""
     replays = []
     real_replay = torch.cuda.CUDAGraph.replay
