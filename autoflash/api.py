@@ -255,7 +255,7 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
                                                                    variant=variant_args))
         launch_backward = _built_at_first_call(lambda *args: _backward_launcher(
             codegen.load(_chosen(problem, gpu, "bwd", tensors, deterministic).knobs, gates, *rendered), scale, mask,
-            variant_args, replay=q.is_cuda and graphs.pays(problem.flops("bwd"))))
+            variant_args, replay=q.is_cuda and graphs.pays(problem.flops("bwd"), q.numel() * q.element_size())))
 
     def forward_with_lse(q, k, v, extra=()):
         out = torch.empty_like(q)

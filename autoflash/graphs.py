@@ -9,21 +9,29 @@ tensor's address and the stream, and the plan's own buffers belong to the graph'
 writes exactly what the plan would; which a graph replays is its problem's alone (a plan is per call signature).
 """
 
+import threading
 from collections import OrderedDict
+from itertools import count
 
 import torch
 
 MAX_FLOPS = 50e9  # a backward with more (~0.15 ms at 330 TFLOP/s) is GPU-bound: captured never
+MAX_Q_BYTES = 16 << 20  # nor one whose q is larger: a graph keeps its plan's buffers (fp32 dQ: twice q's bytes)
 SIGHTINGS = 2  # an address set is captured at its second call (a first call's addresses rarely come back)
-MAX_GRAPHS = 16  # graphs a plan keeps (each holds its plan's buffers: fp32 dQ, ...), least recently replayed dropped
+MAX_GRAPHS = 32  # graphs the process keeps, every plan's together, the least recently replayed dropped
 # After this many captures, a plan captures on only while its graphs replay PAYBACK times a capture on average
 # (a capture costs ~1 ms of host time, a replay saves ~0.05): addresses that do not repeat stop the captures.
 FREE_CAPTURES, PAYBACK = 16, 8
 
+_graphs: OrderedDict = OrderedDict()  # (plan's token, stream, addresses) -> graph
+_lock = threading.Lock()  # (autograd runs each GPU's backwards on a thread of its own)
+_tokens = count()  # (a plan's token is never reused: a graph is never replayed for another plan)
 
-def pays(flops: float) -> bool:
-    """Whether a backward of `flops` is small enough for its host time to matter."""
-    return flops <= MAX_FLOPS
+
+def pays(flops: float, q_bytes: int) -> bool:
+    """Whether a backward of `flops` on a q of `q_bytes` is small enough for its host time to matter and its
+    graphs' buffers to be kept."""
+    return flops <= MAX_FLOPS and q_bytes <= MAX_Q_BYTES
 
 
 class Replayed:
@@ -33,7 +41,7 @@ class Replayed:
 
     def __init__(self, plan):
         self.plan = plan
-        self.graphs: OrderedDict = OrderedDict()  # key -> graph
+        self.token = next(_tokens)
         self.sightings: OrderedDict = OrderedDict()  # key -> calls seen, uncaptured
         self.captures = self.replays = 0
         self.capturing = True
@@ -42,9 +50,11 @@ class Replayed:
         if torch.cuda.is_current_stream_capturing():
             return self.plan(*tensors)
         stream = torch.cuda.current_stream()
-        key = (stream.cuda_stream, *(0 if t is None else t.data_ptr() for t in tensors))
-        if (graph := self.graphs.get(key)) is not None:
-            self.graphs.move_to_end(key)
+        key = (self.token, stream.cuda_stream, *(0 if t is None else t.data_ptr() for t in tensors))
+        with _lock:
+            if (graph := _graphs.get(key)) is not None:
+                _graphs.move_to_end(key)
+        if graph is not None:
             self.replays += 1
             graph.replay()
             return None
@@ -62,9 +72,10 @@ class Replayed:
         self.captures += 1
         self.capturing = self.captures < FREE_CAPTURES or self.replays >= PAYBACK * self.captures
         graph.replay()  # (a capture runs nothing)
-        self.graphs[key] = graph
-        while len(self.graphs) > MAX_GRAPHS:
-            self.graphs.popitem(last=False)
+        with _lock:
+            _graphs[key] = graph
+            while len(_graphs) > MAX_GRAPHS:
+                _graphs.popitem(last=False)
         return None
 
     def _captured(self, tensors, stream) -> torch.cuda.CUDAGraph:

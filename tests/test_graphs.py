@@ -19,6 +19,7 @@ class FakeGraph:
 def replayed(monkeypatch):
     """A Replayed around a plan that logs its calls; captures make FakeGraphs (logged) and fail on request."""
     calls, captures, failing = [], [], []
+    monkeypatch.setattr(graphs, "_graphs", type(graphs._graphs)())  # (no other test's graphs)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 7})())
 
@@ -75,6 +76,25 @@ def test_a_capture_under_way_elsewhere_runs_the_plan(replayed, monkeypatch):
     for _ in range(3):
         r(*a)
     assert len(calls) == 3 and not captures, "the caller's own capture records the plan's launches"
+
+
+def test_graphs_are_kept_per_plan_and_process_wide_at_most_max_graphs(replayed, monkeypatch):
+    """Two plans seeing the same addresses replay their own graphs; the process keeps MAX_GRAPHS in all."""
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 2)
+    r, calls, captures, _ = replayed
+    other = graphs.Replayed(lambda *tensors: calls.append(("other", *tensors)))
+    a, b = (torch.empty(4),), (torch.empty(4),)
+    for plan in (r, other, r):
+        plan(*a)
+        plan(*a)
+    assert len(captures) == 2 and captures[0].replays == 3, "each plan captured its own; r's replayed twice more"
+    r(*b)
+    r(*b)
+    assert len(graphs._graphs) == 2 and len(captures) == 3
+    other(*a)
+    assert len(captures) == 3, "the other plan's graph was dropped (least recently replayed): a first sighting"
+    other(*a)
+    assert len(captures) == 4
 
 
 def test_addresses_that_never_come_back_stop_the_captures(replayed, monkeypatch):
