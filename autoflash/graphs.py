@@ -23,7 +23,8 @@ MAX_GRAPHS = 32  # graphs the process keeps, every plan's together, the least re
 # (a capture costs ~1 ms of host time, a replay saves ~0.05): addresses that do not repeat stop the captures.
 FREE_CAPTURES, PAYBACK = 16, 8
 
-_graphs: OrderedDict = OrderedDict()  # (plan's token, stream, addresses) -> graph
+_graphs: OrderedDict = OrderedDict()  # (plan's token, stream, addresses) -> (graph, stream)
+_retiring: list = []  # (event, graph): dropped graphs, kept until the GPU is past their last replay (their buffers)
 _lock = threading.Lock()  # (autograd runs each GPU's backwards on a thread of its own)
 _tokens = count()  # (a plan's token is never reused: a graph is never replayed for another plan)
 
@@ -54,6 +55,7 @@ class Replayed:
         with _lock:
             if (graph := _graphs.get(key)) is not None:
                 _graphs.move_to_end(key)
+                graph = graph[0]
         if graph is not None:
             self.replays += 1
             graph.replay()
@@ -73,9 +75,11 @@ class Replayed:
         self.capturing = self.captures < FREE_CAPTURES or self.replays >= PAYBACK * self.captures
         graph.replay()  # (a capture runs nothing)
         with _lock:
-            _graphs[key] = graph
+            _graphs[key] = (graph, stream)
             while len(_graphs) > MAX_GRAPHS:
-                _graphs.popitem(last=False)
+                _, (dropped, on) = _graphs.popitem(last=False)
+                _retiring.append((on.record_event(), dropped))
+            _retiring[:] = [(event, dropped) for event, dropped in _retiring if not event.query()]
         return None
 
     def _captured(self, tensors, stream) -> torch.cuda.CUDAGraph:

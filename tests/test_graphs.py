@@ -15,13 +15,21 @@ class FakeGraph:
         self.replays += 1
 
 
+class Stream:
+    cuda_stream = 7
+
+    def record_event(self):
+        return type("Event", (), {"query": lambda event: True})()
+
+
 @pytest.fixture
 def replayed(monkeypatch):
     """A Replayed around a plan that logs its calls; captures make FakeGraphs (logged) and fail on request."""
     calls, captures, failing = [], [], []
     monkeypatch.setattr(graphs, "_graphs", type(graphs._graphs)())  # (no other test's graphs)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 7})())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(graphs, "_retiring", [])
 
     def captured(self, tensors, stream):
         if failing:
@@ -91,10 +99,21 @@ def test_graphs_are_kept_per_plan_and_process_wide_at_most_max_graphs(replayed, 
     r(*b)
     r(*b)
     assert len(graphs._graphs) == 2 and len(captures) == 3
+    assert not graphs._retiring, "a dropped graph whose replays the GPU is past is let go"
     other(*a)
     assert len(captures) == 3, "the other plan's graph was dropped (least recently replayed): a first sighting"
     other(*a)
     assert len(captures) == 4
+
+
+def test_a_dropped_graph_is_kept_while_its_replay_may_run(replayed, monkeypatch):
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 1)
+    monkeypatch.setattr(Stream, "record_event", lambda stream: type("Event", (), {"query": lambda event: False})())
+    r, _, captures, _ = replayed
+    for tensors in ((torch.empty(4),), (torch.empty(4),)):
+        r(*tensors)
+        r(*tensors)
+    assert [graph for _, graph in graphs._retiring] == captures[:1], "kept until its stream's event completes"
 
 
 def test_addresses_that_never_come_back_stop_the_captures(replayed, monkeypatch):
