@@ -1,8 +1,8 @@
-"""Small backwards replayed from CUDA graphs (benchmarks/NOTES.md 93, 94).
+"""Small passes replayed from CUDA graphs (benchmarks/NOTES.md 93, 94).
 
 A backward whose GPU time is below the host time of its launches (two or three Triton kernels, their TMA
 descriptors encoded per call, its buffers: ~60-80 µs of Python on the H100 machines) runs at the host's speed,
-behind plain SDPA's C++ path. Its plan launches the same kernels on the same addresses whenever the call's tensors
+behind plain SDPA's C++ path; so does a forward below its launch's ~20-40 µs. Its plan launches the same kernels on the same addresses whenever the call's tensors
 land where an earlier call's did (a training loop's steady state under the caching allocator, a benchmark): such
 an address set, seen twice, is captured once and then replayed, one graph launch a call. The key holds every
 tensor's address and the stream, and the plan's own buffers belong to the graph's pool, so a replay reads and
@@ -15,24 +15,28 @@ from itertools import count
 
 import torch
 
-MAX_FLOPS = 50e9  # a backward with more (~0.15 ms at 330 TFLOP/s) is GPU-bound: captured never
-MAX_Q_BYTES = 16 << 20  # nor one whose q is larger: a graph keeps its plan's buffers (fp32 dQ: twice q's bytes)
+# A pass with more FLOPs than this is GPU-bound (its GPU time past the ~40 µs a forward's launch takes on the host,
+# the ~0.15 ms a backward's do, at ~300 TFLOP/s): captured never.
+MAX_FLOPS = {"fwd": 12e9, "bwd": 50e9}
 SIGHTINGS = 2  # an address set is captured at its second call (a first call's addresses rarely come back)
-MAX_GRAPHS = 32  # graphs the process keeps, every plan's together, the least recently replayed dropped
+MAX_GRAPHS = 64  # graphs the process keeps, every plan's together, the least recently replayed dropped
+MAX_KEPT_BYTES = 256 << 20  # and the buffers they keep (a backward's: fp32 dQ and its rows, ~3x q's bytes)
 # After this many captures, a plan captures on only while its graphs replay PAYBACK times a capture on average
-# (a capture costs ~1 ms of host time, a replay saves ~0.05): addresses that do not repeat stop the captures.
+# (a capture costs ~1 ms of host time, a replay saves ~0.02-0.06): addresses that do not repeat stop the captures.
 FREE_CAPTURES, PAYBACK = 16, 8
 
-_graphs: OrderedDict = OrderedDict()  # (plan's token, stream, addresses) -> (graph, stream)
+_graphs: OrderedDict = OrderedDict()  # (plan's token, stream, addresses) -> (graph, stream, kept bytes)
+_kept = [0]  # bytes the graphs in _graphs keep
 _retiring: list = []  # (event, graph): dropped graphs, kept until the GPU is past their last replay (their buffers)
 _lock = threading.Lock()  # (autograd runs each GPU's backwards on a thread of its own)
 _tokens = count()  # (a plan's token is never reused: a graph is never replayed for another plan)
 
 
-def pays(flops: float, q_bytes: int) -> bool:
-    """Whether a backward of `flops` on a q of `q_bytes` is small enough for its host time to matter and its
-    graphs' buffers to be kept."""
-    return flops <= MAX_FLOPS and q_bytes <= MAX_Q_BYTES
+def replayed(plan, direction: str, flops: float, kept_bytes: int):
+    """`plan` as a Replayed where a pass of `flops` is host-bound and its graph keeps `kept_bytes` at most
+    MAX_KEPT_BYTES / 8; else `plan`."""
+    small = flops <= MAX_FLOPS[direction] and kept_bytes <= MAX_KEPT_BYTES // 8
+    return Replayed(plan, kept_bytes) if small else plan
 
 
 class Replayed:
@@ -40,8 +44,8 @@ class Replayed:
     set seen SIGHTINGS times. The plan runs as it is while a capture is under way (the caller's own graph records
     its launches), where a capture fails (from then on), and for new address sets once captures stop paying."""
 
-    def __init__(self, plan):
-        self.plan = plan
+    def __init__(self, plan, kept_bytes: int = 0):
+        self.plan, self.kept_bytes = plan, kept_bytes
         self.token = next(_tokens)
         self.sightings: OrderedDict = OrderedDict()  # key -> calls seen, uncaptured
         self.captures = self.replays = 0
@@ -55,16 +59,17 @@ class Replayed:
         with _lock:
             if (graph := _graphs.get(key)) is not None:
                 _graphs.move_to_end(key)
-                graph = graph[0]
+                self.replays += 1
+            else:
+                seen = self.sightings.pop(key, 0) + 1
+                if not self.capturing or seen < SIGHTINGS:
+                    self.sightings[key] = seen
+                    while len(self.sightings) > 4 * MAX_GRAPHS:
+                        self.sightings.popitem(last=False)
         if graph is not None:
-            self.replays += 1
-            graph.replay()
+            graph[0].replay()
             return None
-        seen = self.sightings.pop(key, 0) + 1
         if not self.capturing or seen < SIGHTINGS:
-            self.sightings[key] = seen
-            while len(self.sightings) > 4 * MAX_GRAPHS:
-                self.sightings.popitem(last=False)
             return self.plan(*tensors)
         try:
             graph = self._captured(tensors, stream)
@@ -75,9 +80,11 @@ class Replayed:
         self.capturing = self.captures < FREE_CAPTURES or self.replays >= PAYBACK * self.captures
         graph.replay()  # (a capture runs nothing)
         with _lock:
-            _graphs[key] = (graph, stream)
-            while len(_graphs) > MAX_GRAPHS:
-                _, (dropped, on) = _graphs.popitem(last=False)
+            _graphs[key] = (graph, stream, self.kept_bytes)
+            _kept[0] += self.kept_bytes
+            while len(_graphs) > MAX_GRAPHS or _kept[0] > MAX_KEPT_BYTES:
+                _, (dropped, on, kept) = _graphs.popitem(last=False)
+                _kept[0] -= kept
                 _retiring.append((on.record_event(), dropped))
             _retiring[:] = [(event, dropped) for event, dropped in _retiring if not event.query()]
         return None

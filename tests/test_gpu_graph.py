@@ -67,7 +67,7 @@ def test_training_step_replays_in_a_cuda_graph(problem):
 
 @pytest.mark.parametrize("problem", [(2, 8, 8, 1024, 1024, 80), (2, 8, 2, 333, 77, 64)], ids=["d80", "gqa-cross"])
 def test_a_small_backward_replays_its_address_sets(problem, monkeypatch):
-    """A small backward's plan captures an address set at its second call and replays it from then on
+    """A small backward's (and forward's) plan captures an address set at its second call and replays it from then on
     (autoflash/graphs.py, benchmarks/NOTES.md 94): each call's gradients, inputs refilled in place between calls
     (the same addresses, new values) and grads poisoned, are the fp64 reference's; replays happened."""
     replays = []
@@ -92,3 +92,26 @@ def test_a_small_backward_replays_its_address_sets(problem, monkeypatch):
             grad.fill_(float("nan"))  # (freed at the next call's allocation: a stale write would show there)
         del grads
     assert replays, "no backward was replayed from a graph: its addresses never came back"
+
+
+@pytest.mark.parametrize("given_out", [False, True], ids=["allocated", "out="])
+def test_a_small_forward_replays_its_address_sets(given_out, monkeypatch):
+    """A small forward's plan, captured at an address set's second call (autoflash/graphs.py): each call's output
+    and lse, inputs refilled in place between calls and outputs poisoned, are the fp64 reference's."""
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
+    q, k, v = make_qkv(2, 8, 2, 257, 1000, 64, torch.float16, "cuda", seed=1)
+    given = torch.empty_like(q) if given_out else None
+    for call in range(5):
+        for buffer, value in zip((q, k, v), make_qkv(2, 8, 2, 257, 1000, 64, torch.float16, "cuda", seed=10 + call)):
+            buffer.copy_(value)
+        if given is not None:
+            given.fill_(float("nan"))
+        out, lse = autoflash.attention(q, k, v, causal=True, return_lse=True, out=given)
+        torch.cuda.synchronize()
+        assert_matches_reference(out, lse, q, k, v, True)
+        out.fill_(float("nan"))  # (freed at the next call's allocation: a stale write would show there)
+        lse.fill_(float("nan"))
+        del out, lse
+    assert replays, "no forward was replayed from a graph"

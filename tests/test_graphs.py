@@ -27,6 +27,7 @@ def replayed(monkeypatch):
     """A Replayed around a plan that logs its calls; captures make FakeGraphs (logged) and fail on request."""
     calls, captures, failing = [], [], []
     monkeypatch.setattr(graphs, "_graphs", type(graphs._graphs)())  # (no other test's graphs)
+    monkeypatch.setattr(graphs, "_kept", [0])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
     monkeypatch.setattr(graphs, "_retiring", [])
@@ -104,6 +105,25 @@ def test_graphs_are_kept_per_plan_and_process_wide_at_most_max_graphs(replayed, 
     assert len(captures) == 3, "the other plan's graph was dropped (least recently replayed): a first sighting"
     other(*a)
     assert len(captures) == 4
+
+
+def test_only_small_passes_are_replayed():
+    plan = object()
+    assert isinstance(graphs.replayed(plan, "fwd", 1e9, 0), graphs.Replayed)
+    assert graphs.replayed(plan, "fwd", 20e9, 0) is plan, "a forward past 12 GFLOP is GPU-bound"
+    assert isinstance(graphs.replayed(plan, "bwd", 20e9, 1 << 20), graphs.Replayed)
+    assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_KEPT_BYTES) is plan, "its buffers too large to keep"
+
+
+def test_the_graphs_kept_buffers_are_bounded(replayed, monkeypatch):
+    monkeypatch.setattr(graphs, "MAX_KEPT_BYTES", 100)
+    r, _, captures, _ = replayed
+    r.kept_bytes = 40
+    sets = [(torch.empty(4),) for _ in range(3)]
+    for tensors in sets:
+        r(*tensors)
+        r(*tensors)
+    assert len(captures) == 3 and len(graphs._graphs) == 2 and graphs._kept == [80], "the oldest dropped at 120"
 
 
 def test_a_dropped_graph_is_kept_while_its_replay_may_run(replayed, monkeypatch):
