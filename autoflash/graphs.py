@@ -9,6 +9,7 @@ tensor's address and the stream, and the plan's own buffers belong to the graph'
 writes exactly what the plan would; which a graph replays is its problem's alone (a plan is per call signature).
 """
 
+import os
 import threading
 from collections import OrderedDict
 from itertools import count
@@ -34,8 +35,10 @@ _tokens = count()  # (a plan's token is never reused: a graph is never replayed 
 
 def replayed(plan, direction: str, flops: float, kept_bytes: int):
     """`plan` as a Replayed where a pass of `flops` is host-bound and its graph keeps `kept_bytes` at most
-    MAX_KEPT_BYTES / 8; else `plan`."""
+    MAX_KEPT_BYTES / 8; else, or with AUTOFLASH_GRAPHS=0 in the environment (read as each plan is made), `plan`."""
     small = flops <= MAX_FLOPS[direction] and kept_bytes <= MAX_KEPT_BYTES // 8
+    if os.environ.get("AUTOFLASH_GRAPHS", "1") == "0":
+        return plan
     return Replayed(plan, kept_bytes) if small else plan
 
 

@@ -107,12 +107,14 @@ def test_graphs_are_kept_per_plan_and_process_wide_at_most_max_graphs(replayed, 
     assert len(captures) == 4
 
 
-def test_only_small_passes_are_replayed():
+def test_only_small_passes_are_replayed(monkeypatch):
     plan = object()
     assert isinstance(graphs.replayed(plan, "fwd", 1e9, 0), graphs.Replayed)
     assert graphs.replayed(plan, "fwd", 20e9, 0) is plan, "a forward past 12 GFLOP is GPU-bound"
     assert isinstance(graphs.replayed(plan, "bwd", 20e9, 1 << 20), graphs.Replayed)
     assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_KEPT_BYTES) is plan, "its buffers too large to keep"
+    monkeypatch.setenv("AUTOFLASH_GRAPHS", "0")
+    assert graphs.replayed(plan, "fwd", 1e9, 0) is plan, "AUTOFLASH_GRAPHS=0 turns replays off"
 
 
 def test_the_graphs_kept_buffers_are_bounded(replayed, monkeypatch):
