@@ -556,12 +556,14 @@ capture)  # NOTES 87: CUDA graph capture of the autograd backward; ~2 minutes on
     limit 90 python benchmarks/results/host_floor/capture_bisect.py 2>&1 | grep -v -i warn \
         | tee "$out/${day}_${gpu}_capture_bisect.log"
     ;;
-bwd-graphs)  # NOTES 94 (branch bwd-graphs): small backwards replayed from CUDA graphs: the GPU tests, overhead.py's
-             # backward, then the held-out run from this branch's wheel (built in dist/ first)
+bwd-graphs)  # NOTES 94, 96 (branch bwd-graphs): small passes replayed from CUDA graphs: the GPU tests, overhead.py's
+             # backward, then the held-out run from this branch's wheel (built in dist/ first), with the graphs
+             # off (AUTOFLASH_GRAPHS=0) and on: one wheel, one host
     limit 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_graph.py > "$out/${day}_${gpu}_gpu_tests_bwd_graphs.log" 2>&1
     echo "graph tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_bwd_graphs.log" | tail
     limit 150 python benchmarks/overhead.py --out "$out/${day}_${gpu}_overhead_bwd_graphs.jsonl" 2>&1 | grep -i backward
-    bash "$0" holdout "$out"
+    AUTOFLASH_GRAPHS=0 bash "$0" holdout "$out/graphs_off"
+    AUTOFLASH_GRAPHS=1 bash "$0" holdout "$out/graphs_on"
     ;;
 short-ncu)  # NOTES 66: stall sampling by instruction of the Gluon default at d64 causal 512 and 16k, and of cuDNN's
     # kernel at 512, for the contrast (one CSV each, compressed)
