@@ -22,9 +22,10 @@ MAX_FLOPS = {"fwd": 12e9, "bwd": 50e9}
 SIGHTINGS = 2  # an address set is captured at its second call (a first call's addresses rarely come back)
 MAX_GRAPHS = 64  # graphs the process keeps, every plan's together, the least recently replayed dropped
 MAX_KEPT_BYTES = 256 << 20  # and the buffers they keep (a backward's: fp32 dQ and its rows, ~3x q's bytes)
-# After this many captures, a plan captures on only while its graphs replay PAYBACK times a capture on average
-# (a capture costs ~1 ms of host time, a replay saves ~0.02-0.06): addresses that do not repeat stop the captures.
-FREE_CAPTURES, PAYBACK = 16, 8
+# A plan captures only while fewer than this many of its graphs await their first replay (a capture costs ~1 ms of
+# host time, a replay saves ~0.02-0.06): addresses that never repeat stop its captures after this many, while a
+# model's many layers, each its own address set, are all captured over a few steps (this many a step).
+UNREPLAYED = 16
 
 _graphs: OrderedDict = OrderedDict()  # (plan's token, stream, addresses) -> (graph, stream, kept bytes)
 _kept = [0]  # bytes the graphs in _graphs keep
@@ -45,14 +46,15 @@ def replayed(plan, direction: str, flops: float, kept_bytes: int):
 class Replayed:
     """`plan(*tensors)` (tensors: CUDA tensors or None, in a fixed order) replayed from a CUDA graph per address
     set seen SIGHTINGS times. The plan runs as it is while a capture is under way (the caller's own graph records
-    its launches), where a capture fails (from then on), and for new address sets once captures stop paying."""
+    its launches), where a capture fails (from then on), and for new address sets while UNREPLAYED of its graphs
+    await a replay."""
 
     def __init__(self, plan, kept_bytes: int = 0):
         self.plan, self.kept_bytes = plan, kept_bytes
         self.token = next(_tokens)
         self.sightings: OrderedDict = OrderedDict()  # key -> calls seen, uncaptured
-        self.captures = self.replays = 0
-        self.capturing = True
+        self.unreplayed: set = set()  # keys captured and not replayed since
+        self.capturing = True  # (False once a capture failed)
 
     def __call__(self, *tensors):
         if torch.cuda.is_current_stream_capturing():
@@ -62,27 +64,27 @@ class Replayed:
         with _lock:
             if (graph := _graphs.get(key)) is not None:
                 _graphs.move_to_end(key)
-                self.replays += 1
+                self.unreplayed.discard(key)
             else:
                 seen = self.sightings.pop(key, 0) + 1
-                if not self.capturing or seen < SIGHTINGS:
+                capture = self.capturing and seen >= SIGHTINGS and len(self.unreplayed) < UNREPLAYED
+                if not capture:
                     self.sightings[key] = seen
                     while len(self.sightings) > 4 * MAX_GRAPHS:
                         self.sightings.popitem(last=False)
         if graph is not None:
             graph[0].replay()
             return None
-        if not self.capturing or seen < SIGHTINGS:
+        if not capture:
             return self.plan(*tensors)
         try:
             graph = self._captured(tensors, stream)
         except RuntimeError:  # (a launch that cannot be captured: the plan runs as it is from now on)
             self.capturing = False
             return self.plan(*tensors)
-        self.captures += 1
-        self.capturing = self.captures < FREE_CAPTURES or self.replays >= PAYBACK * self.captures
         graph.replay()  # (a capture runs nothing)
         with _lock:
+            self.unreplayed.add(key)
             _graphs[key] = (graph, stream, self.kept_bytes)
             _kept[0] += self.kept_bytes
             while len(_graphs) > MAX_GRAPHS or _kept[0] > MAX_KEPT_BYTES:

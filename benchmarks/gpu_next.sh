@@ -557,13 +557,13 @@ capture)  # NOTES 87: CUDA graph capture of the autograd backward; ~2 minutes on
         | tee "$out/${day}_${gpu}_capture_bisect.log"
     ;;
 bwd-graphs)  # NOTES 94, 96 (branch bwd-graphs): small passes replayed from CUDA graphs: the GPU tests, overhead.py's
-             # backward, then the held-out run from this branch's wheel (built in dist/ first), with the graphs
-             # off (AUTOFLASH_GRAPHS=0) and on: one wheel, one host
+             # backward, the held-out problems with the graphs off and on interleaved in one process
+             # (graphs_ab.py), then the held-out run from this branch's wheel (built in dist/ first)
     limit 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_graph.py > "$out/${day}_${gpu}_gpu_tests_bwd_graphs.log" 2>&1
     echo "graph tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_bwd_graphs.log" | tail
     limit 150 python benchmarks/overhead.py --out "$out/${day}_${gpu}_overhead_bwd_graphs.jsonl" 2>&1 | grep -i backward
-    AUTOFLASH_GRAPHS=0 bash "$0" holdout "$out/graphs_off"
-    AUTOFLASH_GRAPHS=1 bash "$0" holdout "$out/graphs_on"
+    limit -s INT 300 python benchmarks/graphs_ab.py --out "$out/${day}_${gpu}_graphs_ab.jsonl" 2>&1 | grep -v Warn
+    bash "$0" holdout "$out"
     ;;
 short-ncu)  # NOTES 66: stall sampling by instruction of the Gluon default at d64 causal 512 and 16k, and of cuDNN's
     # kernel at 512, for the contrast (one CSV each, compressed)

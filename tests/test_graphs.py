@@ -139,14 +139,31 @@ def test_a_dropped_graph_is_kept_while_its_replay_may_run(replayed, monkeypatch)
 
 
 def test_addresses_that_never_come_back_stop_the_captures(replayed, monkeypatch):
-    """Past FREE_CAPTURES, captures go on only while replays pay for them; the graphs kept still replay."""
-    monkeypatch.setattr(graphs, "FREE_CAPTURES", 3)
+    """A plan captures while fewer than UNREPLAYED of its graphs await a replay; the graphs kept still replay, and
+    a replay lets the captures go on."""
+    monkeypatch.setattr(graphs, "UNREPLAYED", 3)
     r, calls, captures, _ = replayed
     sets = [(torch.empty(4),) for _ in range(8)]
-    for tensors in sets:  # each seen twice, never again: captured, never replayed
+    for tensors in sets:  # each seen twice, never again: three captured, never replayed
         r(*tensors)
         r(*tensors)
-    assert len(captures) == 3 and not r.capturing, "captures stop after three that no replay paid for"
+    assert len(captures) == 3, "captures stop at three graphs that no call replayed"
+    assert len(calls) == 8 + 5, "first sightings, then the uncaptured second ones"
     r(*sets[2])
     assert captures[2].replays == 2, "a kept graph still replays (its capture's run, then this call)"
-    assert len(calls) == 8 + 5, "first sightings, then the uncaptured second ones"
+    r(*sets[3])
+    assert len(captures) == 4 and len(calls) == 13, "a replay made room: the next address set seen twice is captured"
+
+
+def test_a_model_s_many_layers_are_all_captured_over_a_few_steps(replayed, monkeypatch):
+    """Eight address sets a step (a model's layers), three awaiting a replay at most: all replay by the fifth step."""
+    monkeypatch.setattr(graphs, "UNREPLAYED", 3)
+    r, calls, captures, _ = replayed
+    layers = [(torch.empty(4),) for _ in range(8)]
+    for step in range(4):
+        for tensors in layers:
+            r(*tensors)
+    assert len(captures) == 8 and len(calls) == 8 + 5 + 2, "captured three, three and two a step after the first"
+    for tensors in layers:
+        r(*tensors)
+    assert len(calls) == 15 and all(graph.replays >= 1 for graph in captures)
