@@ -249,9 +249,9 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
         tensors = (q_checked, k_checked, v_checked, out_like)
         variant = codegen.load(_chosen(problem, gpu, "fwd", tensors).knobs, gates, *rendered)
 
-        def replayed(plan, direction, kept_bytes):  # (small passes, whose host time is longer than their GPU time,
+        def replayed(plan, direction, buffer_bytes):  # (small passes, whose host time is longer than their GPU time,
             # replay CUDA graphs: autoflash/graphs.py)
-            return graphs.replayed(plan, direction, problem.flops(direction), kept_bytes) if q.is_cuda else plan
+            return graphs.replayed(plan, direction, problem.flops(direction), buffer_bytes) if q.is_cuda else plan
         forward = replayed(variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, mask,
                                                 variant=variant_args), "fwd", 0)
         training_forward = forward if return_lse else _built_at_first_call(

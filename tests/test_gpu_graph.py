@@ -115,3 +115,37 @@ def test_a_small_forward_replays_its_address_sets(given_out, monkeypatch):
         lse.fill_(float("nan"))
         del out, lse
     assert replays, "no forward was replayed from a graph"
+
+
+def test_layers_graphs_share_a_pool_and_replay_in_any_order(monkeypatch):
+    """Three layers' small backwards (each its own inputs: three address sets, two problems), their graphs in one
+    pool (autoflash/graphs.py, NOTES 99), replayed in the order of capture, then reversed, then interleaved: each
+    call's gradients are the fp64 reference's (a graph whose buffers another overwrote in between would show)."""
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
+    shapes = [(2, 8, 8, 1024, 1024, 80), (2, 8, 2, 333, 77, 64), (2, 8, 8, 1024, 1024, 80)]
+    layers = []
+    for seed, (*shape, head_dim) in enumerate(shapes):
+        leaves = [t.requires_grad_() for t in make_qkv(*shape, head_dim, torch.float16, "cuda", seed=seed)]
+        layers.append((leaves, torch.randn(shape[0], shape[1], shape[3], head_dim, dtype=torch.float16,
+                                           device="cuda")))
+    orders = [[0, 1, 2]] * 3 + [[2, 1, 0], [1, 0, 2], [0, 2, 1]]
+    for step, order in enumerate(orders):
+        outs = {i: autoflash.attention(*layers[i][0], causal=True) for i in sorted(order)}  # (forward in layer order)
+        grads = {}
+        for i in order:
+            leaves, dout = layers[i]
+            grads[i] = torch.autograd.grad(outs[i], leaves, dout)
+        torch.cuda.synchronize()
+        for i, (leaves, dout) in enumerate(layers):
+            expected = attention_backward_reference(*(t.detach() for t in leaves), dout, True)
+            for name, err in zip(("dq", "dk", "dv"), gradient_errors(grads[i], expected)):
+                assert err < GRAD_TOLERANCE[torch.float16], f"step {step}, layer {i}: {name} relative error {err:.2e}"
+        with torch.no_grad():  # new values at the same addresses
+            for leaves, dout in layers:
+                for leaf in leaves:
+                    leaf.copy_(torch.randn_like(leaf))
+                dout.copy_(torch.randn_like(dout))
+        del outs, grads
+    assert replays, "no backward was replayed from a graph"

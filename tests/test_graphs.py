@@ -27,7 +27,6 @@ def replayed(monkeypatch):
     """A Replayed around a plan that logs its calls; captures make FakeGraphs (logged) and fail on request."""
     calls, captures, failing = [], [], []
     monkeypatch.setattr(graphs, "_graphs", type(graphs._graphs)())  # (no other test's graphs)
-    monkeypatch.setattr(graphs, "_kept", [0])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
     monkeypatch.setattr(graphs, "_retiring", [])
@@ -112,20 +111,9 @@ def test_only_small_passes_are_replayed(monkeypatch):
     assert isinstance(graphs.replayed(plan, "fwd", 1e9, 0), graphs.Replayed)
     assert graphs.replayed(plan, "fwd", 20e9, 0) is plan, "a forward past 12 GFLOP is GPU-bound"
     assert isinstance(graphs.replayed(plan, "bwd", 20e9, 1 << 20), graphs.Replayed)
-    assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_KEPT_BYTES) is plan, "its buffers too large to keep"
+    assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_BUFFER_BYTES + 1) is plan, "its buffers too large"
     monkeypatch.setenv("AUTOFLASH_GRAPHS", "0")
     assert graphs.replayed(plan, "fwd", 1e9, 0) is plan, "AUTOFLASH_GRAPHS=0 turns replays off"
-
-
-def test_the_graphs_kept_buffers_are_bounded(replayed, monkeypatch):
-    monkeypatch.setattr(graphs, "MAX_KEPT_BYTES", 100)
-    r, _, captures, _ = replayed
-    r.kept_bytes = 40
-    sets = [(torch.empty(4),) for _ in range(3)]
-    for tensors in sets:
-        r(*tensors)
-        r(*tensors)
-    assert len(captures) == 3 and len(graphs._graphs) == 2 and graphs._kept == [80], "the oldest dropped at 120"
 
 
 def test_a_dropped_graph_is_kept_while_its_replay_may_run(replayed, monkeypatch):
