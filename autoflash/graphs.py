@@ -34,6 +34,7 @@ _graphs: OrderedDict = OrderedDict()  # (plan's token, stream, addresses) -> (gr
 _pools: dict = {}  # (device, stream) -> the memory pool of the graphs that replay on that stream
 _retiring: list = []  # (event, graph): dropped graphs, kept until the GPU is past their last replay (their buffers)
 _lock = threading.Lock()  # (autograd runs each GPU's backwards on a thread of its own)
+_capturing = threading.Lock()  # one capture at a time in the process (two threads may share a stream, so a pool)
 _tokens = count()  # (a plan's token is never reused: a graph is never replayed for another plan)
 
 
@@ -101,9 +102,11 @@ class Replayed:
         threads may launch)."""
         graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(stream.device)
         with _lock:
-            pool = _pools.setdefault((stream.device, stream.cuda_stream), torch.cuda.graph_pool_handle())
+            if (stream.device, stream.cuda_stream) not in _pools:
+                _pools[stream.device, stream.cuda_stream] = torch.cuda.graph_pool_handle()
+            pool = _pools[stream.device, stream.cuda_stream]
         side.wait_stream(stream)
-        with torch.cuda.stream(side):
+        with _capturing, torch.cuda.stream(side):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 self.plan(*tensors)
