@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from autoflash import checks, codegen, gpu as gpus
+from autoflash import checks, codegen, gpu as gpus, graphs
 from autoflash.dispatch import Dispatcher
 from autoflash.mask_mod import MaskMod, as_mask_mod
 from autoflash.score_mod import ScoreMod, as_score_mod
@@ -248,14 +248,18 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
         lse_like = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
         tensors = (q_checked, k_checked, v_checked, out_like)
         variant = codegen.load(_chosen(problem, gpu, "fwd", tensors).knobs, gates, *rendered)
-        forward = variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, mask,
-                                       variant=variant_args)
+
+        def replayed(plan, direction, buffer_bytes):  # (small passes, whose host time is longer than their GPU time,
+            # replay CUDA graphs: autoflash/graphs.py)
+            return graphs.replayed(plan, direction, problem.flops(direction), buffer_bytes) if q.is_cuda else plan
+        forward = replayed(variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, mask,
+                                                variant=variant_args), "fwd", 0)
         training_forward = forward if return_lse else _built_at_first_call(
-            lambda q, k, v, out, lse, *extra: variant.forward_plan(q, k, v, out, lse, scale, mask,
-                                                                   variant=variant_args))
+            lambda q, k, v, out, lse, *extra: replayed(variant.forward_plan(q, k, v, out, lse, scale, mask,
+                                                                            variant=variant_args), "fwd", 0))
         launch_backward = _built_at_first_call(lambda *args: _backward_launcher(
             codegen.load(_chosen(problem, gpu, "bwd", tensors, deterministic).knobs, gates, *rendered), scale, mask,
-            variant_args))
+            variant_args, replayed=lambda plan: replayed(plan, "bwd", 3 * q.numel() * q.element_size())))
 
     def forward_with_lse(q, k, v, extra=()):
         out = torch.empty_like(q)
@@ -356,14 +360,16 @@ def _built_at_first_call(build):
     return f
 
 
-def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool, variant_args: dict | None):
+def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool, variant_args: dict | None,
+                       replayed: Callable = lambda plan: plan):
     """backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra) for one call signature of attention (its variant
     arguments `variant_args`, `checks.variant_args`; extra: the call's variant tensors): a plan for each
     layout of out (fresh from the forward, or a slice of a larger output: ring attention's steps) and of the
     incoming gradients (dout's strides, dtype and alignment; dlse's presence and alignment), made at its first
     call. q, k, v are laid out and aligned as the signature's; lse is contiguous; dq, dk, dv are fresh. An out or
     dout that TMA cannot read (out.sum()'s gradient is a broadcast; attention_backward's out may be a slice of a
-    merged output: ring attention's) is copied contiguous first: which, the layout's key decides once."""
+    merged output: ring attention's) is copied contiguous first: which, the layout's key decides once. `replayed`:
+    what a plan runs as where nothing is copied (a copy's address is new every call): graphs.replayed's."""
     plans = {}
 
     def backward(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra):
@@ -374,6 +380,8 @@ def _backward_launcher(variant: codegen.Variant, scale: float, causal: bool, var
         dout = dout.contiguous() if copy_dout else dout
         if plan is None:
             plan = variant.backward_plan(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, dlse, variant=variant_args)
+            if not (copy_out or copy_dout):
+                plan = replayed(plan)
             plans[key] = (copy_out, copy_dout, plan)
         plan(q, k, v, out, lse, dout, dq, dk, dv, dlse, *extra)
     return backward

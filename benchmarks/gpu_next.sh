@@ -67,6 +67,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh split-retune $OUT  # after G-bwd23: the campaign's d160/d192
 #                                                                       backward records searched one trial further (79)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-graphs $OUT  # NOTES 94, branch bwd-graphs (wheel in dist/
+#       first): small backwards from CUDA graphs, tests, host time, the held-out run
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh capture $OUT  # NOTES 87: a training step captured whole (its
 #                                                                       GPU test), the bench's backward under graphs, the bisect
 # Issue 18's coverage campaign, resumable call by call (copy the returned tuning_db/<family>.db back between calls),
@@ -553,6 +555,15 @@ capture)  # NOTES 87: CUDA graph capture of the autograd backward; ~2 minutes on
         --out "$out/${day}_${gpu}_capture_bench_graph.jsonl" 2>&1 | grep -v -i warn | tail -n 4
     limit 90 python benchmarks/results/host_floor/capture_bisect.py 2>&1 | grep -v -i warn \
         | tee "$out/${day}_${gpu}_capture_bisect.log"
+    ;;
+bwd-graphs)  # NOTES 94, 96 (branch bwd-graphs): small passes replayed from CUDA graphs: the GPU tests, overhead.py's
+             # backward, the held-out problems with the graphs off and on interleaved in one process
+             # (graphs_ab.py), then the held-out run from this branch's wheel (built in dist/ first)
+    limit 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_graph.py > "$out/${day}_${gpu}_gpu_tests_bwd_graphs.log" 2>&1
+    echo "graph tests rc $?"; grep -E "^FAILED|passed|failed" "$out/${day}_${gpu}_gpu_tests_bwd_graphs.log" | tail
+    limit 150 python benchmarks/overhead.py --out "$out/${day}_${gpu}_overhead_bwd_graphs.jsonl" 2>&1 | grep -i backward
+    limit -s INT 300 python benchmarks/graphs_ab.py --out "$out/${day}_${gpu}_graphs_ab.jsonl" 2>&1 | grep -v Warn
+    bash "$0" holdout "$out"
     ;;
 short-ncu)  # NOTES 66: stall sampling by instruction of the Gluon default at d64 causal 512 and 16k, and of cuDNN's
     # kernel at 512, for the contrast (one CSV each, compressed)

@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autoflash"
 # Module (or package prefix) -> floor; a module takes the floor of its longest matching prefix.
 FLOORS = {
     "autoflash._version": 1, "autoflash.problem": 1, "autoflash.gpu": 1, "autoflash.resources": 1,
-    "autoflash.launch": 1, "autoflash.checks": 1, "autoflash.mask_mod": 1, "autoflash.score_mod": 1,
+    "autoflash.launch": 1, "autoflash.graphs": 1, "autoflash.checks": 1, "autoflash.mask_mod": 1, "autoflash.score_mod": 1,
     "autoflash.reference": 1,
     "autoflash.shapes": 1,
     "autoflash.tune.timing": 1,

@@ -63,3 +63,89 @@ def test_training_step_replays_in_a_cuda_graph(problem):
     for name, grad, err in zip(("dq", "dk", "dv"), grads, gradient_errors(grads, expected)):
         assert not torch.isnan(grad).any(), f"{name} holds NaN after the replay"
         assert err < GRAD_TOLERANCE[torch.float16], f"{name} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("problem", [(2, 8, 8, 1024, 1024, 80), (2, 8, 2, 333, 77, 64)], ids=["d80", "gqa-cross"])
+def test_a_small_backward_replays_its_address_sets(problem, monkeypatch):
+    """A small backward's (and forward's) plan captures an address set at its second call and replays it from then on
+    (autoflash/graphs.py, benchmarks/NOTES.md 94): each call's gradients, inputs refilled in place between calls
+    (the same addresses, new values) and grads poisoned, are the fp64 reference's; replays happened."""
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
+    *shape, head_dim = problem
+    leaves = [t.requires_grad_() for t in make_qkv(*shape, head_dim, torch.float16, "cuda", seed=1)]
+    dout = torch.empty(shape[0], shape[1], shape[3], head_dim, dtype=torch.float16, device="cuda")
+    for call in range(6):
+        fresh = make_qkv(*shape, head_dim, torch.float16, "cuda", seed=10 + call)
+        with torch.no_grad():
+            for leaf, value in zip(leaves, fresh):
+                leaf.copy_(value)
+            dout.copy_(torch.randn_like(dout))
+        grads = torch.autograd.grad(autoflash.attention(*leaves, causal=True), leaves, dout)
+        torch.cuda.synchronize()
+        expected = attention_backward_reference(*(t.detach() for t in leaves), dout, True)
+        for name, grad, err in zip(("dq", "dk", "dv"), grads, gradient_errors(grads, expected)):
+            assert not torch.isnan(grad).any(), f"call {call}: {name} holds NaN"
+            assert err < GRAD_TOLERANCE[torch.float16], f"call {call}: {name} relative error {err:.2e}"
+        for grad in grads:
+            grad.fill_(float("nan"))  # (freed at the next call's allocation: a stale write would show there)
+        del grads
+    assert replays, "no backward was replayed from a graph: its addresses never came back"
+
+
+@pytest.mark.parametrize("given_out", [False, True], ids=["allocated", "out="])
+def test_a_small_forward_replays_its_address_sets(given_out, monkeypatch):
+    """A small forward's plan, captured at an address set's second call (autoflash/graphs.py): each call's output
+    and lse, inputs refilled in place between calls and outputs poisoned, are the fp64 reference's."""
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
+    q, k, v = make_qkv(2, 8, 2, 257, 1000, 64, torch.float16, "cuda", seed=1)
+    given = torch.empty_like(q) if given_out else None
+    for call in range(5):
+        for buffer, value in zip((q, k, v), make_qkv(2, 8, 2, 257, 1000, 64, torch.float16, "cuda", seed=10 + call)):
+            buffer.copy_(value)
+        if given is not None:
+            given.fill_(float("nan"))
+        out, lse = autoflash.attention(q, k, v, causal=True, return_lse=True, out=given)
+        torch.cuda.synchronize()
+        assert_matches_reference(out, lse, q, k, v, True)
+        out.fill_(float("nan"))  # (freed at the next call's allocation: a stale write would show there)
+        lse.fill_(float("nan"))
+        del out, lse
+    assert replays, "no forward was replayed from a graph"
+
+
+def test_layers_graphs_share_a_pool_and_replay_in_any_order(monkeypatch):
+    """Three layers' small backwards (each its own inputs: three address sets, two problems), their graphs in one
+    pool (autoflash/graphs.py, NOTES 99), replayed in the order of capture, then reversed, then interleaved: each
+    call's gradients are the fp64 reference's (a graph whose buffers another overwrote in between would show)."""
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
+    shapes = [(2, 8, 8, 1024, 1024, 80), (2, 8, 2, 333, 77, 64), (2, 8, 8, 1024, 1024, 80)]
+    layers = []
+    for seed, (*shape, head_dim) in enumerate(shapes):
+        leaves = [t.requires_grad_() for t in make_qkv(*shape, head_dim, torch.float16, "cuda", seed=seed)]
+        layers.append((leaves, torch.randn(shape[0], shape[1], shape[3], head_dim, dtype=torch.float16,
+                                           device="cuda")))
+    orders = [[0, 1, 2]] * 3 + [[2, 1, 0], [1, 0, 2], [0, 2, 1]]
+    for step, order in enumerate(orders):
+        outs = {i: autoflash.attention(*layers[i][0], causal=True) for i in sorted(order)}  # (forward in layer order)
+        grads = {}
+        for i in order:
+            leaves, dout = layers[i]
+            grads[i] = torch.autograd.grad(outs[i], leaves, dout)
+        torch.cuda.synchronize()
+        for i, (leaves, dout) in enumerate(layers):
+            expected = attention_backward_reference(*(t.detach() for t in leaves), dout, True)
+            for name, err in zip(("dq", "dk", "dv"), gradient_errors(grads[i], expected)):
+                assert err < GRAD_TOLERANCE[torch.float16], f"step {step}, layer {i}: {name} relative error {err:.2e}"
+        with torch.no_grad():  # new values at the same addresses
+            for leaves, dout in layers:
+                for leaf in leaves:
+                    leaf.copy_(torch.randn_like(leaf))
+                dout.copy_(torch.randn_like(dout))
+        del outs, grads
+    assert replays, "no backward was replayed from a graph"

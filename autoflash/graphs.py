@@ -1,0 +1,116 @@
+"""Small passes replayed from CUDA graphs (benchmarks/NOTES.md 93, 94).
+
+A backward whose GPU time is below the host time of its launches (two or three Triton kernels, their TMA
+descriptors encoded per call, its buffers: ~60-80 µs of Python on the H100 machines) runs at the host's speed,
+behind plain SDPA's C++ path; so does a forward below its launch's ~20-40 µs. Its plan launches the same kernels on the same addresses whenever the call's tensors
+land where an earlier call's did (a training loop's steady state under the caching allocator, a benchmark): such
+an address set, seen twice, is captured once and then replayed, one graph launch a call. The key holds every
+tensor's address and the stream, and the plan's own buffers belong to the graphs' pool, so a replay reads and
+writes exactly what the plan would; which a graph replays is its problem's alone (a plan is per call signature).
+A plan's own buffers (a backward's fp32 dQ and its rows) live from its first launch to its last: nothing a graph
+leaves in its pool is read after it, so the graphs that replay on one stream (one after another) share one pool,
+which holds the largest graph's buffers, not their sum (NOTES 99).
+"""
+
+import os
+import threading
+from collections import OrderedDict
+from itertools import count
+
+import torch
+
+# A pass with more FLOPs than this is GPU-bound (its GPU time past the ~40 µs a forward's launch takes on the host,
+# the ~0.15 ms a backward's do, at ~300 TFLOP/s): captured never.
+MAX_FLOPS = {"fwd": 12e9, "bwd": 50e9}
+SIGHTINGS = 2  # an address set is captured at its second call (a first call's addresses rarely come back)
+MAX_GRAPHS = 64  # graphs the process keeps, every plan's together, the least recently replayed dropped
+MAX_BUFFER_BYTES = 256 << 20  # a plan whose own buffers are larger is not wrapped (a backward's: ~3x q's bytes)
+# A plan captures only while fewer than this many of its graphs await their first replay (a capture costs ~1 ms of
+# host time, a replay saves ~0.02-0.06): addresses that never repeat stop its captures after this many, while a
+# model's many layers, each its own address set, are all captured over a few steps (this many a step).
+UNREPLAYED = 16
+
+_graphs: OrderedDict = OrderedDict()  # (plan's token, stream, addresses) -> (graph, stream)
+_pools: dict = {}  # (device, stream) -> the memory pool of the graphs that replay on that stream
+_retiring: list = []  # (event, graph): dropped graphs, kept until the GPU is past their last replay (their buffers)
+_lock = threading.Lock()  # (autograd runs each GPU's backwards on a thread of its own)
+_capturing = threading.Lock()  # one capture at a time in the process (two threads may share a stream, so a pool)
+_tokens = count()  # (a plan's token is never reused: a graph is never replayed for another plan)
+
+
+def replayed(plan, direction: str, flops: float, buffer_bytes: int):
+    """`plan` as a Replayed where a pass of `flops` is host-bound and its own buffers take `buffer_bytes` at most
+    MAX_BUFFER_BYTES; else, or with AUTOFLASH_GRAPHS=0 in the environment (read as each plan is made), `plan`."""
+    small = flops <= MAX_FLOPS[direction] and buffer_bytes <= MAX_BUFFER_BYTES
+    if os.environ.get("AUTOFLASH_GRAPHS", "1") == "0":
+        return plan
+    return Replayed(plan) if small else plan
+
+
+class Replayed:
+    """`plan(*tensors)` (tensors: CUDA tensors or None, in a fixed order) replayed from a CUDA graph per address
+    set seen SIGHTINGS times. The plan runs as it is while a capture is under way (the caller's own graph records
+    its launches), where a capture fails (from then on), and for new address sets while UNREPLAYED of its graphs
+    await a replay."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.token = next(_tokens)
+        self.sightings: OrderedDict = OrderedDict()  # key -> calls seen, uncaptured
+        self.unreplayed: set = set()  # keys captured and not replayed since
+        self.capturing = True  # (False once a capture failed)
+
+    def __call__(self, *tensors):
+        if torch.cuda.is_current_stream_capturing():
+            return self.plan(*tensors)
+        stream = torch.cuda.current_stream()
+        key = (self.token, stream.cuda_stream, *(0 if t is None else t.data_ptr() for t in tensors))
+        with _lock:
+            if (graph := _graphs.get(key)) is not None:
+                _graphs.move_to_end(key)
+                self.unreplayed.discard(key)
+            else:
+                seen = self.sightings.pop(key, 0) + 1
+                capture = self.capturing and seen >= SIGHTINGS and len(self.unreplayed) < UNREPLAYED
+                if not capture:
+                    self.sightings[key] = seen
+                    while len(self.sightings) > 4 * MAX_GRAPHS:
+                        self.sightings.popitem(last=False)
+        if graph is not None:
+            graph[0].replay()
+            return None
+        if not capture:
+            return self.plan(*tensors)
+        try:
+            graph = self._captured(tensors, stream)
+        except RuntimeError:  # (a launch that cannot be captured: the plan runs as it is from now on)
+            self.capturing = False
+            return self.plan(*tensors)
+        graph.replay()  # (a capture runs nothing)
+        with _lock:
+            self.unreplayed.add(key)
+            _graphs[key] = (graph, stream)
+            while len(_graphs) > MAX_GRAPHS:
+                _, (dropped, on) = _graphs.popitem(last=False)
+                _retiring.append((on.record_event(), dropped))
+            _retiring[:] = [(event, dropped) for event, dropped in _retiring if not event.query()]
+        return None
+
+    def _captured(self, tensors, stream) -> torch.cuda.CUDAGraph:
+        """The plan's launches on `tensors`, captured on a side stream ordered after `stream` into the pool of the
+        graphs that replay on `stream` (thread_local: the autograd engine's device thread captures while other
+        threads may launch)."""
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(stream.device)
+        with _lock:
+            if (stream.device, stream.cuda_stream) not in _pools:
+                _pools[stream.device, stream.cuda_stream] = torch.cuda.graph_pool_handle()
+            pool = _pools[stream.device, stream.cuda_stream]
+        side.wait_stream(stream)
+        with _capturing, torch.cuda.stream(side):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                self.plan(*tensors)
+            finally:
+                graph.capture_end()
+        stream.wait_stream(side)
+        return graph

@@ -1,0 +1,76 @@
+"""Small passes with and without CUDA graph replays (autoflash/graphs.py; NOTES 94, 96), interleaved in one process.
+
+    python benchmarks/graphs_ab.py [--shapes examples/holdout.yaml] [--rounds 4] --out FILE
+
+96. compared two held-out runs one after the other and found rows that the graphs cannot have touched slower
+or faster by up to 0.14 ms: the host's speed drifted between the runs. Here every round times each problem's
+forward and backward with AUTOFLASH_GRAPHS=0 and =1 (the order alternating a round) and plain SDPA, the plans
+rebuilt before each timing (the variable is read as a plan is made), so the two settings differ in the replays
+alone, on one host in the same minute. One JSON line per problem and direction: the medians over the rounds.
+"""
+
+import argparse
+import math
+import os
+import statistics
+
+import torch
+
+import autoflash
+from autoflash import api
+from autoflash.reference import sdpa_attention
+from autoflash.shapes import load_problems
+from autoflash.tune.timing import backward_ms, input_sets, median_ms
+from autoflash.tune.trial import variant_kwargs
+from results_file import append_row
+
+
+def timed(fn, direction: str, sets: list, device: torch.device) -> float:
+    if direction == "fwd":
+        return median_ms(lambda i: fn(*sets[i][:3]), len(sets), device, rep_ms=50.0)
+    return backward_ms(fn, sets, device, rep_ms=50.0)
+
+
+def compare(p, direction: str, rounds: int, device: torch.device) -> dict:
+    """Median ms of autoflash with the graphs off and on, and of plain SDPA, over interleaved rounds."""
+    per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
+    sets = [p.random_inputs(device, seed, with_dout=True) for seed in range(input_sets(2 * per_set, device))]
+    variants = variant_kwargs(p, device)
+    ours = lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal, **variants)  # noqa: E731
+    times = {"off": [], "on": [], "sdpa": []}
+    for r in range(rounds):
+        for setting in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            os.environ["AUTOFLASH_GRAPHS"] = "1" if setting == "on" else "0"
+            api._plans.clear()  # (a new plan reads the variable)
+            times[setting].append(timed(ours, direction, sets, device))
+        times["sdpa"].append(timed(lambda q, k, v: sdpa_attention(q, k, v, p.causal), direction, sets, device))
+    del sets
+    torch.cuda.empty_cache()
+    return {name: statistics.median(ms) for name, ms in times.items()} | {"rounds_ms": times}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="examples/holdout.yaml")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # (the CPU: TRITON_INTERPRET=1, a smoke run)
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"
+    meta = dict(bench="graphs_ab", gpu=gpu, autoflash=autoflash.__version__)
+    ratios = {"fwd": [], "bwd": []}
+    print(f"{'problem':44s} dir   off ms    on ms  SDPA ms  off/SDPA on/SDPA  on/off")
+    for p in load_problems(args.shapes):
+        for direction in ("fwd", "bwd"):
+            row = compare(p, direction, args.rounds, device)
+            append_row(args.out, dict(meta, problem=p.label(), direction=direction, **row))
+            ratios[direction].append((row["sdpa"] / row["off"], row["sdpa"] / row["on"]))
+            print(f"{p.label():44s} {direction} {row['off']:8.4f} {row['on']:8.4f} {row['sdpa']:8.4f} "
+                  f"{row['sdpa'] / row['off']:8.2f}x {row['sdpa'] / row['on']:6.2f}x {row['off'] / row['on']:6.2f}x")
+    for direction, pairs in ratios.items():
+        off, on = (math.exp(statistics.fmean(math.log(pair[i]) for pair in pairs)) for i in (0, 1))
+        print(f"{direction} vs plain SDPA, geomean over {len(pairs)}: graphs off {off:.3f}x, on {on:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
