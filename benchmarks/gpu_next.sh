@@ -16,6 +16,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-knobs $OUT  # tl backward points without spills (NOTES 54)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen-tma $OUT # packed sequences through descriptors (NOTES 55)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh small-passes $OUT  # NOTES 100-102: graphs off/on, host per call,
+#                                                                       a forward's two timings, then holdout
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh holdout $OUT    # the fallback on 24 held-out problems, from a
 #                                                                       fresh wheel (18; carry dist, built here first)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
@@ -555,6 +557,21 @@ capture)  # NOTES 87: CUDA graph capture of the autograd backward; ~2 minutes on
         --out "$out/${day}_${gpu}_capture_bench_graph.jsonl" 2>&1 | grep -v -i warn | tail -n 4
     limit 90 python benchmarks/results/host_floor/capture_bisect.py 2>&1 | grep -v -i warn \
         | tee "$out/${day}_${gpu}_capture_bisect.log"
+    ;;
+small-passes)  # NOTES 100-102: the held-out problems' graphs off/on (101.'s 150 GFLOP bound, 102.'s 71:1 default),
+              # the host time per call of the rows that lose, the forward that bench timed at twice graphs_ab's time
+              # (both tools on it, with what dispatch chose), then the held-out run from a wheel (built in dist/ first)
+    limit -s INT 300 python benchmarks/graphs_ab.py --out "$out/${day}_${gpu}_graphs_ab.jsonl" 2>&1 | grep -v Warn
+    limit 120 python benchmarks/host_per_call.py --out "$out/${day}_${gpu}_host_per_call.jsonl" --only \
+        "b32 h12 s512 d64 fp16" "b16 h12 s1024 d64 causal fp16" "b64 h12 s197 d64 fp16" "b8 h16 s512/1024 d64 bf16" \
+        "b64 h16 s256 d72 bf16" 2>&1 | grep -v Warn
+    printf 'problems:\n  - {batch: 64, heads_q: 16, seqlen_q: 256, head_dim: 72, causal: false, dtype: bfloat16}\n' \
+        > /tmp/one_d72.yaml
+    python -c "import torch, autoflash; q = torch.randn(64, 16, 256, 72, device='cuda', dtype=torch.bfloat16)
+print(autoflash.explain(q, q, q))"
+    limit 120 python -m autoflash bench --shapes /tmp/one_d72.yaml --mode fwd --out "$out/${day}_${gpu}_d72_bench.jsonl" 2>&1 | grep -v Warn
+    limit 120 python benchmarks/graphs_ab.py --shapes /tmp/one_d72.yaml --out "$out/${day}_${gpu}_d72_graphs_ab.jsonl" 2>&1 | grep -v Warn
+    bash "$0" holdout "$out"
     ;;
 bwd-graphs)  # NOTES 94, 96 (branch bwd-graphs): small passes replayed from CUDA graphs: the GPU tests, overhead.py's
              # backward, the held-out problems with the graphs off and on interleaved in one process
