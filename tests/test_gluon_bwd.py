@@ -68,16 +68,17 @@ def test_group_splits(group_splits, head_dim, causal):
         assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
 
 
-@pytest.mark.parametrize("group_splits", [2, 4])
+@pytest.mark.parametrize("group_splits", [2, 4, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_uneven_group_splits(group_splits, head_dim, causal):
     """Groups the splits do not divide (MQA 71:1, GQA 7:1 and 3:1): ceil(group / splits) query heads a program, the
-    last of each group fewer, their fp32 dK and dV added up."""
+    last of each group fewer, their fp32 dK and dV added up (8 programs with three ring slots: the wide groups'
+    default at head dim 64, NOTES 102)."""
     for shape in ((1, 71, 1, 1000, 1000, head_dim), (2, 14, 2, 123, 4097, head_dim), (1, 6, 2, 4097, 123, head_dim)):
-        knobs = BwdKnobs(group_splits=group_splits, uneven_groups=True)
+        knobs = BwdKnobs(group_splits=group_splits, uneven_groups=True, num_buffers=3 if group_splits == 8 else 2)
         if violations(knobs, Problem(*shape, causal, "bfloat16"), H100):  # (3 heads over 4 programs: one empty)
-            assert shape[1] // shape[2] == 3 and group_splits == 4
+            assert shape[1] // shape[2] < group_splits
             continue
         assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
 

@@ -582,11 +582,15 @@ def test_backward_default_splits_groups_only_for_long_causal_attention():
 
 def test_backward_default_splits_wide_groups_from_512_queries_over_8_programs_past_head_dim_64():
     """A KV head serving 16 query heads or more (MQA, GQA 16:1) splits its group from 512 queries under causal
-    masking, over 8 programs past head dim 64 and 4 to it (the tuned MQA 32/1 records, NOTES 98); narrower groups
+    masking, over 8 programs past head dim 64 and 4 to it (the tuned MQA 32/1 records, NOTES 98; at head dim 64 8
+    with three ring slots from 1k to 8k queries, NOTES 102); narrower groups
     keep 2k queries and 2 programs past d64."""
     mqa = Problem(64, 32, 1, 512, 512, 128, True, "bfloat16")
     assert default_knobs(mqa, H100, "bwd").group_splits == 8
     assert default_knobs(dataclasses.replace(mqa, head_dim=64), H100, "bwd").group_splits == 4
+    for seqlen, splits, buffers in ((1024, 8, 3), (8192, 8, 3), (16384, 4, 2)):  # d64 from 1k to 8k: 8 (NOTES 102)
+        knobs = default_knobs(dataclasses.replace(mqa, head_dim=64, seqlen_q=seqlen, seqlen_k=seqlen), H100, "bwd")
+        assert (knobs.group_splits, knobs.num_buffers) == (splits, buffers), seqlen
     assert default_knobs(dataclasses.replace(mqa, heads_q=16), H100, "bwd").group_splits == 8  # 16:1
     for unsplit in (dataclasses.replace(mqa, seqlen_q=256, seqlen_k=256), dataclasses.replace(mqa, heads_kv=4),
                     dataclasses.replace(mqa, causal=False)):  # short, 8:1 under 2k queries, full
@@ -599,7 +603,7 @@ def test_backward_default_splits_groups_the_splits_do_not_divide_unevenly():
     the programs wanted, ceil(group / splits) heads each, the last fewer, none empty (NOTES 74.(c): unsplit, 71:1
     ran 64 programs on 132 SMs at 0.34x plain SDPA)."""
     mqa = Problem(4, 71, 1, 2048, 2048, 64, True, "bfloat16")
-    for problem, splits in ((mqa, 4), (dataclasses.replace(mqa, head_dim=128), 8), (Problem(4, 28, 4, 2048, 2048, 128,
+    for problem, splits in ((mqa, 8), (dataclasses.replace(mqa, head_dim=128), 8), (Problem(4, 28, 4, 2048, 2048, 128,
                                                                                             True, "bfloat16"), 2),
                             (dataclasses.replace(mqa, heads_q=5), 2), (dataclasses.replace(mqa, heads_q=9), 2)):
         knobs = default_knobs(problem, H100, "bwd")

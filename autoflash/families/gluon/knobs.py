@@ -346,8 +346,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past it (NOTES
     G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
     unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59); groups of 16 or more from 512 queries, 8 programs past
-    head dim 64 (NOTES 98). Splits balance the causal band's unequal programs; a
-    window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit, 454-475 split, NOTES 59). To head dim 64 the two
+    head dim 64 (NOTES 98), and at head dim 64 from 1k to 8k queries 8 with three ring slots (NOTES 102). Splits
+    balance the causal band's unequal programs; a window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit, 454-475 split, NOTES 59). To head dim 64 the two
     warpgroups take turns adding dQ (dq_turns: 11 of the fp16 grid's 12 d64 cells +3.5-10%, NOTES G-bwd20); full
     attention to head dim 128, and causal to 64, issues dV's wgmma after dS^T's store (dv_late: the fp16 grid's 6
     d128 full cells +2-18%, NOTES G-bwd21; beside dq_turns on the d64 cells from 2k +1.9%, NOTES 68)."""
@@ -365,9 +365,12 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         # to 64 beside dq_turns, causal or not, +1.9%, NOTES 68)
         late = (d <= 64 or not problem.causal) and d <= 128 and problem.window == (-1, -1) and not problem.gates() & {
             "VARLEN", "MASK_MOD"}
-        splits, uneven = _group_splits(group, 4 if d <= 64 else 8 if wide else 2)
+        # At head dim 64 a wide group runs 8 programs with three ring slots from 1k to 8k queries (the tuned d64
+        # MQA and 16:1 records there: that variant won 7 of 7, 2-14% over 4 programs; 4 won at 512 and 32k; NOTES 102)
+        eight = wide and d <= 64 and 1024 <= problem.seqlen_q <= 8192
+        splits, uneven = _group_splits(group, 4 if d <= 64 and not eight else 8 if wide else 2)
         unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
-                           dq_turns=turns, dv_late=late)
+                           num_buffers=3 if eight else 2, dq_turns=turns, dv_late=late and not eight)
         # (past head dim 128 where the split pays: two column tiles in 64-row steps, which the padded tile's shared
         # memory does not hold; NOTES G-bwd23)
         split = d > 128 and _split_pays(problem)
