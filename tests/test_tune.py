@@ -107,6 +107,22 @@ def test_no_trial_starts_past_the_deadline(tmp_path, monkeypatch):
     assert store.count_trials() == report.trials == len(starts)
 
 
+def test_no_trial_of_a_family_starts_past_its_time_budget(tmp_path, monkeypatch):
+    """`time_budget` (seconds per problem and family) ends a family's search as a deadline does: within its batch
+    (4 variants of slow_kernels.SECONDS here), the trial under way finishing."""
+    import slow_kernels
+
+    log = tmp_path / "starts"
+    monkeypatch.setenv(slow_kernels.LOG_ENV, str(log))
+    store = Store(f"sqlite:///{tmp_path / 'budget.db'}")
+    with Runner(interpret=True, trial_timeout=60, loader="slow_kernels:load") as runner:
+        report = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=20,
+                              seed=0, time_budget=7, family_names=["tl"])
+    starts = [float(line) for line in log.read_text().split()]  # (the budget runs from before the first start)
+    assert starts and max(starts) < min(starts) + 7 + 0.25, [s - min(starts) for s in starts]
+    assert store.count_trials() == report.trials == len(starts) < 4
+
+
 def test_a_variant_started_compiling_by_the_deadline_is_timed_and_none_starts_after_it(tmp_path, monkeypatch):
     """With compile workers (as on a GPU), a variant a compile worker started by the deadline is checked and timed
     after it; the others are not run (None)."""

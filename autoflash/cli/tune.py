@@ -19,7 +19,7 @@ from autoflash.tune import SAMPLERS
 @click.option("--trials", type=click.IntRange(min=1),
               help="evaluated variants per problem, earlier runs included [default: 60; grid: all]")
 @click.option("--time-budget", type=click.FloatRange(min=0),
-              help="seconds per problem and family: no batch of trials starts after them (one under way finishes)")
+              help="seconds per problem and family: no trial starts after them (those started finish)")
 @mode_option
 @db_option
 @click.option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True)

@@ -159,7 +159,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     """Search `direction` variants of each of `family_names` (default: every family the tuner searches) for
     `problem` (`n_trials` per family) and record every trial. Trials already in the store count toward `n_trials`
     (a second run resumes) and are never timed again. A family with no variant that can run the problem is recorded
-    as such. `time_budget`: seconds per family, after which no batch of trials starts (one under way finishes).
+    as such. `time_budget`: seconds per family, after which no trial of it starts (those started finish).
     `deadline` (a time.monotonic() time): no trial starts after it (those started finish), each family searching an
     equal share of the time left to it. `first`: a variant timed before anything else, deadline or not, its family
     searched first (on-miss's fallback, what dispatch ran before: the search's choice is never slower).
@@ -171,9 +171,9 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     searched.sort(key=lambda f: first is None or f.name != first.family)
     for families_left, family in zip(range(len(searched), 0, -1), searched):
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
-                                    sampler=sampler, n_trials=n_trials, time_budget=time_budget,
-                                    deadline=_share(deadline, families_left), seed=seed, on_trial=on_trial,
-                                    first=first, warm_stores=(store, *warm_stores))
+                                    sampler=sampler, n_trials=n_trials, seed=seed, on_trial=on_trial, first=first,
+                                    deadline=earliest(_share(deadline, families_left), time_budget),
+                                    warm_stores=(store, *warm_stores))
         done |= found
         if why:
             empty[family.name] = why
@@ -216,11 +216,10 @@ def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, dir
 
 
 def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,
-                   direction: str, sampler: str, n_trials: int, time_budget: float | None, deadline: float | None,
-                   seed: int | None, on_trial: Callable[[Knobs, float | None], None],
+                   direction: str, sampler: str, n_trials: int, deadline: float | None, seed: int | None, on_trial: Callable[[Knobs, float | None], None],
                    first: Knobs | None = None, warm_stores: Sequence[Store] = ()) -> tuple[dict, str | None]:
-    """One family's study for `problem`: its finished trials (knobs JSON -> outcome), old and new, and why no
-    variant of it can run the problem, or None."""
+    """One family's study for `problem` until `deadline` (a time.monotonic() time; None: n_trials alone): its
+    finished trials (knobs JSON -> outcome), old and new, and why no variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]
     fingerprint = codegen.template_fingerprint(family.name, direction, problem.gates())
     done = store.finished(gpu.family, problem, fingerprint, direction)
@@ -269,6 +268,6 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
     search(valid_space, evaluate, study_name=study_name(gpu, problem, family.name, direction),
            storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials,
-           deadline=earliest(deadline, time_budget), warm_start=warm, is_valid=is_valid,
+           deadline=deadline, warm_start=warm, is_valid=is_valid,
            batch_size=max(4, len(runner.compilers)), known=known, on_trial=lambda p, v: on_trial(knobs_class(**p), v))
     return done, None
