@@ -558,10 +558,9 @@ capture)  # NOTES 87: CUDA graph capture of the autograd backward; ~2 minutes on
     limit 90 python benchmarks/results/host_floor/capture_bisect.py 2>&1 | grep -v -i warn \
         | tee "$out/${day}_${gpu}_capture_bisect.log"
     ;;
-small-passes)  # NOTES 100-102: the held-out problems' graphs off/on (101.'s 150 GFLOP bound, 102.'s 71:1 default),
-              # the host time per call of the rows that lose, the forward that bench timed at twice graphs_ab's time
-              # (both tools on it, with what dispatch chose), then the held-out run from a wheel (built in dist/ first)
-    limit -s INT 300 python benchmarks/graphs_ab.py --out "$out/${day}_${gpu}_graphs_ab.jsonl" 2>&1 | grep -v Warn
+small-passes)  # NOTES 100-102: the host time per call of the rows that lose, the forward that bench timed at twice
+              # graphs_ab's time (both tools on it, with what dispatch chose), the held-out problems' graphs off/on
+              # (101.'s 150 GFLOP bound, 102.'s 71:1 default), then the held-out run from a wheel (built in dist/ first)
     limit 120 python benchmarks/host_per_call.py --out "$out/${day}_${gpu}_host_per_call.jsonl" --only \
         "b32 h12 s512 d64 fp16" "b16 h12 s1024 d64 causal fp16" "b64 h12 s197 d64 fp16" "b8 h16 s512/1024 d64 bf16" \
         "b64 h16 s256 d72 bf16" 2>&1 | grep -v Warn
@@ -571,6 +570,7 @@ small-passes)  # NOTES 100-102: the held-out problems' graphs off/on (101.'s 150
 print(autoflash.explain(q, q, q))"
     limit 120 python -m autoflash bench --shapes /tmp/one_d72.yaml --mode fwd --out "$out/${day}_${gpu}_d72_bench.jsonl" 2>&1 | grep -v Warn
     limit 120 python benchmarks/graphs_ab.py --shapes /tmp/one_d72.yaml --out "$out/${day}_${gpu}_d72_graphs_ab.jsonl" 2>&1 | grep -v Warn
+    limit -s INT 270 python benchmarks/graphs_ab.py --out "$out/${day}_${gpu}_graphs_ab.jsonl" 2>&1 | grep -v Warn
     bash "$0" holdout "$out"
     ;;
 bwd-graphs)  # NOTES 94, 96 (branch bwd-graphs): small passes replayed from CUDA graphs: the GPU tests, overhead.py's

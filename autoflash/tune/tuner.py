@@ -216,8 +216,9 @@ def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, dir
 
 
 def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,
-                   direction: str, sampler: str, n_trials: int, deadline: float | None, seed: int | None, on_trial: Callable[[Knobs, float | None], None],
-                   first: Knobs | None = None, warm_stores: Sequence[Store] = ()) -> tuple[dict, str | None]:
+                   direction: str, sampler: str, n_trials: int, deadline: float | None, seed: int | None,
+                   on_trial: Callable[[Knobs, float | None], None], first: Knobs | None = None,
+                   warm_stores: Sequence[Store] = ()) -> tuple[dict, str | None]:
     """One family's study for `problem` until `deadline` (a time.monotonic() time; None: n_trials alone): its
     finished trials (knobs JSON -> outcome), old and new, and why no variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]

@@ -347,10 +347,11 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
     unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59); groups of 16 or more from 512 queries, 8 programs past
     head dim 64 (NOTES 98), and at head dim 64 from 1k to 8k queries 8 with three ring slots (NOTES 102). Splits
-    balance the causal band's unequal programs; a window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit, 454-475 split, NOTES 59). To head dim 64 the two
-    warpgroups take turns adding dQ (dq_turns: 11 of the fp16 grid's 12 d64 cells +3.5-10%, NOTES G-bwd20); full
-    attention to head dim 128, and causal to 64, issues dV's wgmma after dS^T's store (dv_late: the fp16 grid's 6
-    d128 full cells +2-18%, NOTES G-bwd21; beside dq_turns on the d64 cells from 2k +1.9%, NOTES 68)."""
+    balance the causal band's unequal programs; a window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit,
+    454-475 split, NOTES 59). To head dim 64 the two warpgroups take turns adding dQ (dq_turns: 11 of the fp16
+    grid's 12 d64 cells +3.5-10%, NOTES G-bwd20); full attention to head dim 128, and causal to 64, issues dV's
+    wgmma after dS^T's store (dv_late: the fp16 grid's 6 d128 full cells +2-18%, NOTES G-bwd21; beside dq_turns on
+    the d64 cells from 2k +1.9%, NOTES 68)."""
     d = head_dim_pad(problem.head_dim)
     if direction == "bwd":
         # A KV head that serves 16 query heads or more (MQA, GQA 16:1) runs few programs unsplit at any length: its
