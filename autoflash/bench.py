@@ -6,11 +6,13 @@ backward counts 2.5 x the forward and is timed alone, after a forward whose grap
 
 import math
 import statistics
+from collections import Counter
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import autoflash
+from autoflash import graphs
 from autoflash.problem import Problem
 from autoflash.reference import sdpa_attention
 from autoflash.tune.timing import backward_ms, input_sets, median_ms
@@ -42,7 +44,9 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", roun
     """One row per implementation: backend, ms (the median of `rounds` rounds, each timing every implementation
     once, the order rotated a round: a GPU's clocks drift over a run, and the first or last of a row should not
     carry it alone) and TFLOP/s of the forward (or of the backward alone), or the error that stopped it. With
-    `graph`, each timing replays a CUDA graph of many calls: the GPU's time alone, without host time."""
+    `graph`, each timing replays a CUDA graph of many calls: the GPU's time alone, without host time. autoflash's
+    row also holds, a round each, what its calls' plans did (autoflash/graphs.py's COUNTS: replayed, captured, ran
+    as they are), since a small pass's time is the host's unless its calls replay."""
     per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
     sets = [p.random_inputs(device, seed, with_dout=direction == "bwd")
             for seed in range(input_sets(per_set * (2 if direction == "bwd" else 1), device))]
@@ -55,11 +59,14 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", roun
         if direction == "fwd":
             return median_ms(lambda i: fn(*sets[i]), len(sets), device, **timing)
         return backward_ms(fn, sets, device, **timing)
-    names, times, errors = list(implementations), {name: [] for name in implementations}, {}
+    names, times, errors, plans_did = list(implementations), {name: [] for name in implementations}, {}, []
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            before = Counter(graphs.COUNTS)
             if name not in errors and (ms := _guarded(lambda: timed(implementations[name]), name, errors)) is not None:
                 times[name].append(ms)
+            if name == "autoflash":
+                plans_did.append(dict(Counter(graphs.COUNTS) - before))
     rows = []
     for name in names:
         if name in errors:  # a backend that refuses the shape is recorded, not fatal
@@ -71,6 +78,7 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", roun
     torch.cuda.empty_cache()
     q, k, v = sets[0][:3]
     rows[0]["explain"] = autoflash.explain(q, k, v, causal=p.causal, **variants)
+    rows[0]["graphs_by_round"] = plans_did
     return rows
 
 

@@ -14,7 +14,7 @@ which holds the largest graph's buffers, not their sum (NOTES 99).
 
 import os
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from itertools import count
 
 import torch
@@ -37,6 +37,10 @@ _retiring: list = []  # (event, graph): dropped graphs, kept until the GPU is pa
 _lock = threading.Lock()  # (autograd runs each GPU's backwards on a thread of its own)
 _capturing = threading.Lock()  # one capture at a time in the process (two threads may share a stream, so a pool)
 _tokens = count()  # (a plan's token is never reused: a graph is never replayed for another plan)
+# What every Replayed plan of the process did, call by call (for benchmarks: whether a timing's calls replayed):
+# "replayed", "captured" (then replayed once), "ran" (the plan as it is: a first sighting, UNREPLAYED graphs awaiting
+# a replay, captures off), "capture_failed" (it ran as it is too), "in_capture" (inside the caller's own capture).
+COUNTS: Counter = Counter()
 
 
 def replayed(plan, direction: str, flops: float, buffer_bytes: int):
@@ -63,6 +67,8 @@ class Replayed:
 
     def __call__(self, *tensors):
         if torch.cuda.is_current_stream_capturing():
+            with _lock:
+                COUNTS["in_capture"] += 1
             return self.plan(*tensors)
         stream = torch.cuda.current_stream()
         key = (self.token, stream.cuda_stream, *(0 if t is None else t.data_ptr() for t in tensors))
@@ -70,10 +76,12 @@ class Replayed:
             if (graph := _graphs.get(key)) is not None:
                 _graphs.move_to_end(key)
                 self.unreplayed.discard(key)
+                COUNTS["replayed"] += 1
             else:
                 seen = self.sightings.pop(key, 0) + 1
                 capture = self.capturing and seen >= SIGHTINGS and len(self.unreplayed) < UNREPLAYED
                 if not capture:
+                    COUNTS["ran"] += 1
                     self.sightings[key] = seen
                     while len(self.sightings) > 4 * MAX_GRAPHS:
                         self.sightings.popitem(last=False)
@@ -85,10 +93,13 @@ class Replayed:
         try:
             graph = self._captured(tensors, stream)
         except RuntimeError:  # (a launch that cannot be captured: the plan runs as it is from now on)
+            with _lock:
+                COUNTS["capture_failed"] += 1
             self.capturing = False
             return self.plan(*tensors)
         graph.replay()  # (a capture runs nothing)
         with _lock:
+            COUNTS["captured"] += 1
             self.unreplayed.add(key)
             _graphs[key] = (graph, stream)
             while len(_graphs) > MAX_GRAPHS:

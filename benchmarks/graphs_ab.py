@@ -13,11 +13,12 @@ import argparse
 import math
 import os
 import statistics
+from collections import Counter
 
 import torch
 
 import autoflash
-from autoflash import api
+from autoflash import api, graphs
 from autoflash.reference import sdpa_attention
 from autoflash.shapes import load_problems
 from autoflash.tune.timing import backward_ms, input_sets, median_ms
@@ -37,16 +38,19 @@ def compare(p, direction: str, rounds: int, device: torch.device) -> dict:
     sets = [p.random_inputs(device, seed, with_dout=True) for seed in range(input_sets(2 * per_set, device))]
     variants = variant_kwargs(p, device)
     ours = lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal, **variants)  # noqa: E731
-    times = {"off": [], "on": [], "sdpa": []}
+    times, plans_did = {"off": [], "on": [], "sdpa": []}, []
     for r in range(rounds):
         for setting in ("off", "on") if r % 2 == 0 else ("on", "off"):
             os.environ["AUTOFLASH_GRAPHS"] = "1" if setting == "on" else "0"
             api._plans.clear()  # (a new plan reads the variable)
+            before = Counter(graphs.COUNTS)
             times[setting].append(timed(ours, direction, sets, device))
+            if setting == "on":  # (what the calls did: replayed, captured, ran as they are)
+                plans_did.append(dict(Counter(graphs.COUNTS) - before))
         times["sdpa"].append(timed(lambda q, k, v: sdpa_attention(q, k, v, p.causal), direction, sets, device))
     del sets
     torch.cuda.empty_cache()
-    return {name: statistics.median(ms) for name, ms in times.items()} | {"rounds_ms": times}
+    return {name: statistics.median(ms) for name, ms in times.items()} | {"rounds_ms": times, "graphs_by_round": plans_did}
 
 
 def main():

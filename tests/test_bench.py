@@ -35,6 +35,7 @@ def test_rounds_time_every_implementation(monkeypatch, direction):
     assert len(calls) == 3 * len(timed) + (refused if direction == "fwd" else 0)
     assert all(options == {"rep_ms": pytest.approx(100 / 3), "graph": False} for options in calls)
     assert "fwd why:" in rows["autoflash"]["explain"]
+    assert rows["autoflash"]["graphs_by_round"] == [{}, {}, {}]  # (CPU tensors: no plan is replayed)
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])

@@ -155,3 +155,19 @@ def test_a_model_s_many_layers_are_all_captured_over_a_few_steps(replayed, monke
     for tensors in layers:
         r(*tensors)
     assert len(calls) == 15 and all(graph.replays >= 1 for graph in captures)
+
+
+def test_counts_say_what_each_call_did(replayed, monkeypatch):
+    """graphs.COUNTS, which `autoflash bench` records a round each: first sightings and refused captures ran the
+    plan, the second sighting captured, later calls replayed, a failed capture ran the plan too."""
+    monkeypatch.setattr(graphs, "COUNTS", type(graphs.COUNTS)())
+    r, calls, captures, failing = replayed
+    a = (torch.empty(4), torch.empty(4))
+    for _ in range(4):
+        r(*a)
+    assert dict(graphs.COUNTS) == {"ran": 1, "captured": 1, "replayed": 2}
+    failing.append(True)
+    b = (torch.empty(4), torch.empty(4))
+    r(*b)
+    r(*b)
+    assert dict(graphs.COUNTS) == {"ran": 2, "captured": 1, "replayed": 2, "capture_failed": 1}
