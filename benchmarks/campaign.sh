@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 18's coverage campaign (examples/campaign/: prefill, cross-attention, GQA prefill, fp16, short sequences
-# and more GQA ratios both ways, decode forward) on this machine's GPU family, for a bounded wall time, so that it runs
-# across device calls and sessions:
+# Issue 18's coverage campaign (examples/campaign/: prefill, cross-attention, GQA prefill, fp16, short sequences,
+# more GQA ratios and one prompt's prefill both ways, decode forward) on this machine's GPU family, for a bounded
+# wall time, so that it runs across device calls and sessions:
 #   . .device/setup.sh && bash benchmarks/campaign.sh $OUT [seconds, default 540] [trials, default 4]
 # Each call resumes where the last one stopped (the tuner never times a variant twice): it tunes into a copy of
 # tuning_db/<family>.db, is interrupted (SIGINT: finished trials are kept) when the seconds are spent, merges the
@@ -21,7 +21,7 @@ warm=()
 for other in tuning_db/*.db; do [ "$other" != "$db" ] && warm+=(--warm-from "$other"); done
 end=$(( $(date +%s) + seconds ))
 for entry in ${ENTRIES:-prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd gqa:fwd gqa:bwd fp16:fwd fp16:bwd \
-                short:fwd short:bwd ratios:bwd ratios:fwd}; do
+                short:fwd short:bwd ratios:bwd ratios:fwd small:bwd small:fwd}; do
     file=examples/campaign/${entry%%:*}.yaml mode=${entry##*:}
     families=()
     [ "$mode" = bwd ] && [ -n "${BWD_FAMILIES:-}" ] && families=(--families "$BWD_FAMILIES")
@@ -36,5 +36,5 @@ python -m autoflash merge --into "$db" "$work" --current-only --standalone
 cp "$db" "$out/"
 python benchmarks/campaign_summary.py "$db" "$family" examples/campaign/prefill.yaml examples/campaign/cross.yaml \
     examples/campaign/decode.yaml:fwd examples/campaign/gqa.yaml examples/campaign/fp16.yaml \
-    examples/campaign/short.yaml examples/campaign/ratios.yaml \
+    examples/campaign/short.yaml examples/campaign/ratios.yaml examples/campaign/small.yaml \
     --out "$out/campaign_summary_$family.jsonl"
