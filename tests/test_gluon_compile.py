@@ -591,6 +591,8 @@ def test_backward_default_splits_wide_groups_from_512_queries_over_8_programs_pa
     for seqlen, splits, buffers in ((1024, 8, 3), (8192, 8, 3), (16384, 4, 2)):  # d64 from 1k to 8k: 8 (NOTES 102)
         knobs = default_knobs(dataclasses.replace(mqa, head_dim=64, seqlen_q=seqlen, seqlen_k=seqlen), H100, "bwd")
         assert (knobs.group_splits, knobs.num_buffers) == (splits, buffers), seqlen
+    full = dataclasses.replace(mqa, head_dim=64, seqlen_q=2048, seqlen_k=2048, causal=False)  # (unsplit: as before)
+    assert default_knobs(full, H100, "bwd") == default_knobs(dataclasses.replace(full, heads_q=1), H100, "bwd")
     assert default_knobs(dataclasses.replace(mqa, heads_q=16), H100, "bwd").group_splits == 8  # 16:1
     for unsplit in (dataclasses.replace(mqa, seqlen_q=256, seqlen_k=256), dataclasses.replace(mqa, heads_kv=4),
                     dataclasses.replace(mqa, causal=False)):  # short, 8:1 under 2k queries, full

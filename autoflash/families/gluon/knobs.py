@@ -368,8 +368,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
             "VARLEN", "MASK_MOD"}
         # At head dim 64 a wide group runs 8 programs with three ring slots from 1k to 8k queries (the tuned d64
         # MQA and 16:1 records there: that variant won 7 of 7, 2-14% over 4 programs; 4 won at 512 and 32k; NOTES 102)
-        eight = wide and d <= 64 and 1024 <= problem.seqlen_q <= 8192
-        splits, uneven = _group_splits(group, 4 if d <= 64 and not eight else 8 if wide else 2)
+        eight = split and wide and d <= 64 and 1024 <= problem.seqlen_q <= 8192
+        splits, uneven = _group_splits(group, 8 if eight else 4 if d <= 64 else 8 if wide else 2)
         unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
                            num_buffers=3 if eight else 2, dq_turns=turns, dv_late=late and not eight)
         # (past head dim 128 where the split pays: two column tiles in 64-row steps, which the padded tile's shared
