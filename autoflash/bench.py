@@ -47,18 +47,14 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", roun
     `graph`, each timing replays a CUDA graph of many calls: the GPU's time alone, without host time. autoflash's
     row also holds, a round each, what its calls' plans did (autoflash/graphs.py's COUNTS: replayed, captured, ran
     as they are), since a small pass's time is the host's unless its calls replay."""
-    per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
-    sets = [p.random_inputs(device, seed, with_dout=direction == "bwd")
-            for seed in range(input_sets(per_set * (2 if direction == "bwd" else 1), device))]
+    sets = timing_sets(p, device, direction)
     variants = variant_kwargs(p, device)
     implementations = {"autoflash": lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal, **variants)}
     implementations.update({name: _sdpa(backend, p) for name, backend in SDPA_BACKENDS.items()})
     timing = dict(rep_ms=max(20.0, 100.0 / rounds), graph=graph)
 
     def timed(fn):  # (a backward's graphs are built for the round and freed after it, as one backend's at a time)
-        if direction == "fwd":
-            return median_ms(lambda i: fn(*sets[i]), len(sets), device, **timing)
-        return backward_ms(fn, sets, device, **timing)
+        return pass_ms(fn, direction, sets, device, **timing)
     names, times, errors, plans_did = list(implementations), {name: [] for name in implementations}, {}, []
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -80,6 +76,21 @@ def bench_problem(p: Problem, device: torch.device, direction: str = "fwd", roun
     rows[0]["explain"] = autoflash.explain(q, k, v, causal=p.causal, **variants)
     rows[0]["graphs_by_round"] = plans_did
     return rows
+
+
+def timing_sets(p: Problem, device: torch.device, direction: str) -> list[tuple]:
+    """Random input sets of `p`, (q, k, v) or, for the backward, (q, k, v, dout), enough of them that together they
+    span twice the L2 cache (timing.input_sets)."""
+    per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
+    return [p.random_inputs(device, seed, with_dout=direction == "bwd")
+            for seed in range(input_sets(per_set * (2 if direction == "bwd" else 1), device))]
+
+
+def pass_ms(fn, direction: str, sets: list, device: torch.device, **timing) -> float:
+    """Median ms of one forward `fn(q, k, v)` over `sets`, or of its backward alone (timing.backward_ms)."""
+    if direction == "fwd":
+        return median_ms(lambda i: fn(*sets[i][:3]), len(sets), device, **timing)
+    return backward_ms(fn, sets, device, **timing)
 
 
 def _guarded(call, name: str, errors: dict):

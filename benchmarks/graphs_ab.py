@@ -21,21 +21,14 @@ import autoflash
 from autoflash import api, graphs
 from autoflash.reference import sdpa_attention
 from autoflash.shapes import load_problems
-from autoflash.tune.timing import backward_ms, input_sets, median_ms
+from autoflash.bench import pass_ms, timing_sets
 from autoflash.tune.trial import variant_kwargs
 from results_file import append_row
 
 
-def timed(fn, direction: str, sets: list, device: torch.device) -> float:
-    if direction == "fwd":
-        return median_ms(lambda i: fn(*sets[i][:3]), len(sets), device, rep_ms=50.0)
-    return backward_ms(fn, sets, device, rep_ms=50.0)
-
-
 def compare(p, direction: str, rounds: int, device: torch.device) -> dict:
     """Median ms of autoflash with the graphs off and on, and of plain SDPA, over interleaved rounds."""
-    per_set = p.element_size * p.head_dim * p.batch * 2 * (p.heads_q * p.seqlen_q + p.heads_kv * p.seqlen_k)
-    sets = [p.random_inputs(device, seed, with_dout=True) for seed in range(input_sets(2 * per_set, device))]
+    sets = timing_sets(p, device, "bwd")  # (q, k, v, dout: the forward's timing reads q, k, v)
     variants = variant_kwargs(p, device)
     ours = lambda q, k, v: autoflash.attention(q, k, v, causal=p.causal, **variants)  # noqa: E731
     times, plans_did = {"off": [], "on": [], "sdpa": []}, []
@@ -44,13 +37,15 @@ def compare(p, direction: str, rounds: int, device: torch.device) -> dict:
             os.environ["AUTOFLASH_GRAPHS"] = "1" if setting == "on" else "0"
             api._plans.clear()  # (a new plan reads the variable)
             before = Counter(graphs.COUNTS)
-            times[setting].append(timed(ours, direction, sets, device))
+            times[setting].append(pass_ms(ours, direction, sets, device, rep_ms=50.0))
             if setting == "on":  # (what the calls did: replayed, captured, ran as they are)
                 plans_did.append(dict(Counter(graphs.COUNTS) - before))
-        times["sdpa"].append(timed(lambda q, k, v: sdpa_attention(q, k, v, p.causal), direction, sets, device))
+        times["sdpa"].append(pass_ms(lambda q, k, v: sdpa_attention(q, k, v, p.causal), direction, sets, device,
+                                     rep_ms=50.0))
     del sets
     torch.cuda.empty_cache()
-    return {name: statistics.median(ms) for name, ms in times.items()} | {"rounds_ms": times, "graphs_by_round": plans_did}
+    medians = {name: statistics.median(ms) for name, ms in times.items()}
+    return medians | dict(rounds_ms=times, graphs_by_round=plans_did)
 
 
 def main():
