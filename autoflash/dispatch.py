@@ -150,7 +150,10 @@ class Dispatcher:
             if gpu.family != "interpreter" and not any(records for _, records in sources):
                 _notice_untuned(gpu, direction)
             chosen = choose(problem, gpu, sources, direction)
-            fitted = families.of(chosen.knobs).fit(chosen.knobs, problem, gpu)
+            # (an exact record runs as its search chose where it still runs; a neighbour's knobs are fitted)
+            exact = chosen.tuned is not None and chosen.tuned.problem == problem \
+                and not families.violations(chosen.knobs, problem, gpu)
+            fitted = chosen.knobs if exact else families.of(chosen.knobs).fit(chosen.knobs, problem, gpu)
             chosen = replace(chosen, knobs=fitted) if fitted is not None else \
                 _default(problem, gpu, direction, f"{chosen.reason}, whose family cannot run it")
             self._choices[key] = chosen

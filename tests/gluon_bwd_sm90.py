@@ -39,7 +39,8 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     for width in (block_d, block_d2) if block_d2 else (block_d,):  # (the second column tile's seven again)
         q, kv = (descriptor(rows, head_dim, dtype, width) for rows in (knobs["block_m"],
                                                                        launch._block_n(width, wg, block_d2)))
-        dkv = descriptor(64, head_dim, "float32" if knobs["group_splits"] > 1 else dtype,  # (fp32 sums where split)
+        split = knobs["group_splits"] * knobs["query_splits"] > 1  # (then fp32 sums)
+        dkv = descriptor(64, head_dim, "float32" if split else dtype,
                          columns=launch._dkv_columns(width, wg, block_d2))
         dq_block = [1, 1, *launch._dq_share(knobs["block_m"], width, wg, block_d2)]
         dq = TensorDescriptor(MockTensor(_TorchDtype("float32"), shape), shape,
@@ -67,7 +68,7 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     return compile_kernel(module.attn_bwd, args, options)
 
 
-DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, dq_writer=False,
+DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, query_splits=1, dq_writer=False,
                dq_turns=False, dv_late=False, uneven_groups=False, head_dim_split=False)  # the family's default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
 # each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
@@ -152,7 +153,16 @@ CASES = [({}, 128, "float16", False),
          (dict(head_dim_split=True), 160, "bfloat16", True, ["VARLEN"]),
          (dict(head_dim_split=True, group_splits=2), 192, "bfloat16", False, ["VARLEN"]),
          (dict(head_dim_split=True), 144, "bfloat16", True, ["WINDOW", "SOFTCAP", "ALIBI"]),
-         (dict(head_dim_split=True), 160, "bfloat16", True, ["MASK_MOD"], "documents")]
+         (dict(head_dim_split=True), 160, "bfloat16", True, ["MASK_MOD"], "documents"),
+         # a key block's steps over several programs (query_splits: few key blocks, cross-attention over a short
+         # context), dK and dV added in fp32: d40's default, each head dim's tiles, with split groups, the dQ writer
+         (dict(query_splits=8, dq_turns=True, dv_late=True), 64, "float16", False),
+         (dict(query_splits=4), 128, "bfloat16", True),
+         (dict(query_splits=2, group_splits=2), 128, "bfloat16", True, ["WINDOW"]),
+         (dict(query_splits=2, group_splits=2, uneven_groups=True), 64, "bfloat16", True),
+         (dict(query_splits=4, block_m=32), 256, "bfloat16", False),
+         (dict(query_splits=2, head_dim_split=True), 160, "bfloat16", True),
+         (dict(query_splits=4, dq_writer=True), 128, "float16", False)]
 
 
 def report(cases) -> list[dict]:

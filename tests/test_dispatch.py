@@ -9,6 +9,7 @@ from autoflash import api, codegen, dispatch
 from autoflash.db.store import Store
 from autoflash.dispatch import Dispatcher
 from autoflash.gpu import Gpu, current
+from autoflash.families.gluon.knobs import BwdKnobs as GluonBwdKnobs
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.problem import Problem
 from conftest import DEVICE
@@ -87,6 +88,20 @@ def test_an_exact_match_in_a_later_source_beats_a_neighbour_in_an_earlier_one(tu
 def test_knobs_are_fitted_to_the_problem(tuned_db):
     tiny = dataclasses.replace(BASE, seqlen_q=1, seqlen_k=4096)
     assert Dispatcher([tuned_db]).choice(tiny, H100).knobs.block_m == 16
+
+
+def test_a_backward_of_few_programs_runs_its_neighbours_knobs_with_the_steps_split(tmp_path):
+    """A neighbour's Gluon backward, tuned where its programs filled the GPU, runs a problem whose programs fill at
+    most half the SMs with each key block's steps over more programs (b2 h8 s4096/77: 16 programs, 8 splits; NOTES
+    107); an exact record runs as its search chose."""
+    url = f"sqlite:///{tmp_path / 'user.db'}"
+    knobs = GluonBwdKnobs(dq_turns=True, dv_late=True)
+    record(Store(url), H100, Problem(4, 16, 16, 4096, 4096, 40, False, "float16"), knobs, 1.6)
+    cross = Problem(2, 8, 8, 4096, 77, 40, False, "float16")
+    chosen = Dispatcher([url]).choice(cross, H100, "bwd")
+    assert chosen.reason.startswith("nearest") and chosen.knobs == dataclasses.replace(knobs, query_splits=8)
+    record(Store(url), H100, cross, knobs, 0.1)
+    assert Dispatcher([url]).choice(cross, H100, "bwd").knobs == knobs
 
 
 def test_a_broken_database_is_ignored_with_a_warning(tmp_path):

@@ -32,9 +32,10 @@ def _largest_head_dim(knobs):
                default=None)
 
 
-# Every knob point, at the largest head dim it runs.
-VARIANTS = [(knobs, head_dim) for values in itertools.product(*BwdKnobs.choices().values())
-            if (head_dim := _largest_head_dim(knobs := BwdKnobs(**dict(zip(BwdKnobs.choices(), values)))))]
+# Every knob point, at the largest head dim it runs (query_splits 1: test_query_splits splits the steps).
+_CHOICES = {name: values for name, values in BwdKnobs.choices().items() if name != "query_splits"}
+VARIANTS = [(knobs, head_dim) for values in itertools.product(*_CHOICES.values())
+            if (head_dim := _largest_head_dim(knobs := BwdKnobs(**dict(zip(_CHOICES, values)))))]
 
 
 @pytest.mark.parametrize("knobs, head_dim", VARIANTS, ids=str)
@@ -66,6 +67,26 @@ def test_group_splits(group_splits, head_dim, causal):
         knobs = BwdKnobs(block_m=64 if head_dim <= 128 else 32, group_splits=group_splits)
         assert not violations(knobs, Problem(*shape, causal, "bfloat16"), H100)
         assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=shape[3] == 123)
+
+
+@pytest.mark.parametrize("query_splits", [2, 4, 8, 16])
+@pytest.mark.parametrize("head_dim", [40, 64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_query_splits(query_splits, head_dim, causal):
+    """A key block's steps over 2-16 programs, whose fp32 dK and dV add up (NOTES 107): cross-attention over 77
+    keys, ragged and unequal lengths, runs of unequal length (steps the splits do not divide), GQA with split groups
+    and unevenly split ones, the ring's slots and dQ's turns."""
+    for i, (shape, changes) in enumerate([((2, 8, 8, 4096, 77, head_dim), {}),
+                                          ((1, 8, 2, 1000, 123, head_dim), dict(group_splits=2)),
+                                          ((2, 4, 4, 577, 1000, head_dim), dict(num_buffers=3)),
+                                          ((1, 6, 2, 123, 7, head_dim), dict(group_splits=2, uneven_groups=True)),
+                                          ((1, 3, 3, 4097, 123, head_dim), dict(dq_turns=head_dim <= 64))]):
+        knobs = BwdKnobs(block_m=64 if head_dim <= 128 else 32, query_splits=query_splits, **changes)
+        why = violations(knobs, Problem(*shape, causal, "bfloat16"), H100)
+        if why:  # (6 steps over 8 programs or 16: some would walk none)
+            assert all("without one" in w or "shared memory" in w for w in why), why
+            continue
+        assert run_variant(knobs, shape, torch.bfloat16, "cuda", causal, transposed=i % 2 == 1, seed=i)
 
 
 @pytest.mark.parametrize("group_splits", [2, 4, 8])

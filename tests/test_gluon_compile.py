@@ -83,6 +83,11 @@ def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
     return Problem(2, 16, 4, seqlen, seqlen, head_dim, causal, dtype)
 
 
+def _cross(head_dim=40, seqlen_q=4096, batch=2):
+    """Cross-attention over a short context (Stable Diffusion's 77 text tokens): one key block a head."""
+    return Problem(batch, 8, 8, seqlen_q, 77, head_dim, False, "float16")
+
+
 @pytest.mark.parametrize("knobs, problem, gpu, reason", [
     (FwdKnobs(), _problem(), KNOWN["a100"], "needs sm_90"),
     (FwdKnobs(), _problem(dtype="float32"), H100, "fp16 or bf16"),
@@ -213,6 +218,10 @@ def test_backward_cases_cover_the_defaults():
     (BwdKnobs(head_dim_split=True, block_m=32), _problem(head_dim=160), H100, "64 rows of the second tile, it has 32"),
     (BwdKnobs(head_dim_split=True, block_m=32, group_splits=2), _problem(head_dim=192), H100, "128 rows"),
     (BwdKnobs(head_dim_split=True, num_buffers=3), _problem(head_dim=192), H100, "shared memory"),
+    (BwdKnobs(query_splits=2), _problem(), H100, "256 programs (key blocks x batch x KV heads x group_splits) fill"),
+    (BwdKnobs(query_splits=2, warpgroups=1), _cross(), H100, "two warpgroups' buffers"),
+    (BwdKnobs(query_splits=16), _cross(seqlen_q=500), H100, "over a key block's 8 steps leaves programs without one"),
+    (BwdKnobs(query_splits=2), dataclasses.replace(_cross(), variants=frozenset({"VARLEN"})), H100, "own lists"),
 ])
 def test_backward_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
@@ -228,6 +237,16 @@ def test_backward_default_is_valid(head_dim, causal, dtype):
         assert isinstance(knobs, BwdKnobs) and violations(knobs, problem, H100) == []
     assert default_knobs(_problem(head_dim), KNOWN["a100"], "bwd") is None
     assert default_knobs(_problem(320), H100, "bwd") is None  # the tl family's
+
+
+def test_backward_default_splits_the_steps_where_programs_fill_half_the_sms_at_most():
+    """16 programs (one key block x 2 x 8 heads) take 8 splits each (128 of 132 SMs), 32 at head dim 256 (two key
+    blocks) 4; a program walks four steps at least (500 queries: 8 steps, 2 splits); 256 programs none (NOTES
+    107)."""
+    splits = {(d, q, b): default_knobs(_cross(d, q, b), H100, "bwd").query_splits
+              for d, q, b in ((40, 4096, 2), (128, 4096, 2), (256, 4096, 2), (40, 500, 2), (40, 4096, 32))}
+    assert splits == {(40, 4096, 2): 8, (128, 4096, 2): 8, (256, 4096, 2): 4, (40, 500, 2): 2, (40, 4096, 32): 1}
+    assert default_knobs(_problem(), H100, "bwd").query_splits == 1
 
 
 @pytest.mark.parametrize("head_dim", [72, 80, 96, 128, 144, 160, 192, 200, 256])
@@ -250,9 +269,9 @@ def test_backward_default_splits_the_head_dim_past_128_where_it_pays(head_dim, c
 
 
 def test_backward_render_without_the_split_is_the_base_commits(tmp_path):
-    """head_dim_split off, the backward renders byte for byte as before the split (G-bwd22's commit, 88bf1c5): 60
-    random knob points x the gate sets (plain, window, softcap + ALiBi, all three, packed, a mask_mod), so its
-    records re-key (benchmarks/rekey_records.py) instead of being tuned again. The header's knobs line aside."""
+    """head_dim_split and query_splits off, the backward renders byte for byte as before either (G-bwd22's commit,
+    88bf1c5): 60 random knob points x the gate sets (plain, window, softcap + ALiBi, all three, packed, a mask_mod),
+    so its records re-key (benchmarks/rekey_records.py) instead of being tuned again. The header's knobs line aside."""
     import random
     import shutil
 
@@ -268,7 +287,7 @@ def test_backward_render_without_the_split_is_the_base_commits(tmp_path):
     (tmp_path / "gluon" / "attn_bwd.py.jinja").write_text(base)
     options = dict(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     envs = [jinja2.Environment(loader=jinja2.FileSystemLoader(path), **options) for path in (tmp_path, root)]
-    space = {k: v for k, v in BwdKnobs.choices().items() if k not in ("family", "head_dim_split")}
+    space = {k: v for k, v in BwdKnobs.choices().items() if k not in ("family", "head_dim_split", "query_splits")}
     rng = random.Random(5)
     for _ in range(60):
         context = BwdKnobs(**{k: rng.choice(v) for k, v in space.items()}).template_context()

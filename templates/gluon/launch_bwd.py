@@ -112,14 +112,14 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     Triton's per-call launch. q, out, dout, dq: (batch, heads_q, seqlen_q, head_dim); k, v, dk, dv: (batch,
     heads_kv, seqlen_k, head_dim); lse (the forward's) and dlse (the gradient of the returned lse, or None): fp32
     (batch, heads_q, seqlen_q), contiguous. Writes dq, dk, dv; dQ is summed with atomics (not bitwise
-    repeatable; so are dK and dV where knobs["group_splits"] > 1: the programs sharing a KV head add theirs into
-    fp32 sums)."""
+    repeatable; so are dK and dV where knobs["group_splits"] or knobs["query_splits"] is past 1: the programs sharing
+    a KV head or a key block add theirs into fp32 sums)."""
     _check(q, k, v, out, dout, dq, dk, dv, lse, dlse)
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))  # (the delta kernel's, masked to head_dim)
     tile_d, tile_d2 = columns.column_tiles(knobs, head_dim)  # (the main kernel's column tiles)
-    splits = knobs["group_splits"]
+    splits = knobs["group_splits"] * knobs["query_splits"]  # programs adding into one key block's dK and dV
     rows = _rows(q)  # (example tensors: each call allocates its own)
     dq_sum, = _sums(dq)  # (zeroed by the delta kernel)
     dkv_sum = _sums(dk, dv) if splits > 1 else (dk, dv)
@@ -133,7 +133,8 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
                  seqlen_q, seqlen_k)
     main_tensors = len(main_args) - 5  # (the descriptors: 9, or 16 with two column tiles)
     main_options = dict(BLOCK_D=tile_d, IS_CAUSAL=bool(causal), num_warps=4)
-    main_grid = (triton.cdiv(seqlen_k, _block_n(tile_d, knobs["warpgroups"], tile_d2)), batch * heads_kv * splits)
+    main_grid = (triton.cdiv(seqlen_k, _block_n(tile_d, knobs["warpgroups"], tile_d2)) * knobs["query_splits"],
+                 batch * heads_kv * knobs["group_splits"])
     if compile is None:
         def delta_launch(*tensors):
             kernels._attn_bwd_delta[delta_grid](*tensors, *delta_args[7:], **delta_options)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from autoflash.gpu import Gpu, tma_aligned
-from autoflash.knobs import MAX_GRID_Y, Knobs, family_knob, head_dim_pad, knob
+from autoflash.knobs import MAX_GRID_Y, Knobs, cdiv, family_knob, head_dim_pad, knob
 from autoflash.problem import Problem
 from autoflash.resources import launcher
 
@@ -72,6 +72,11 @@ class BwdKnobs(Knobs):
     group_splits: int = knob(1, (1, 2, 4, 8), "programs sharing a KV head's group of query heads (GQA), each walking "
                                               "group / group_splits of them and adding its dK, dV into fp32 sums "
                                               "(TMA reduce-add); 1: one program sums the group in registers")
+    query_splits: int = knob(1, (1, 2, 4, 8, 16), "programs sharing a key block's steps (query head, query block "
+                                                  "pairs, in the order one program walks them), each walking an "
+                                                  "equal run of them and adding its dK, dV into fp32 sums (TMA "
+                                                  "reduce-add): more programs where key blocks x heads leave SMs "
+                                                  "idle (cross-attention over a short context)")
     dq_writer: bool = knob(False, (False, True), "a 1-warp partition adds dQ's tiles by TMA from two shared slots a "
                                                  "consumer (the consumers hand them over by mbarrier); else each "
                                                  "consumer adds its own tile, waiting for the last one's reduce")
@@ -279,8 +284,11 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
         why.append(f"uneven_groups is for group_splits that do not divide the group, each program walking at least "
                    f"one query head (group {group}, group_splits {knobs.group_splits}): the even split's kernels "
                    "otherwise")
-    if knobs.group_splits > 1 and knobs.warpgroups != 2:
-        why.append("split groups stage fp32 dK and dV in two warpgroups' buffers (K and V's tiles, the Q/dO ring)")
+    if (knobs.group_splits > 1 or knobs.query_splits > 1) and knobs.warpgroups != 2:
+        why.append("split groups and steps stage fp32 dK and dV in two warpgroups' buffers (K and V's tiles, the Q/dO "
+                   "ring)")
+    if knobs.query_splits > 1:
+        why += _query_split_violations(knobs, problem, gpu)
     if knobs.dq_turns and (knobs.warpgroups != 2 or bwd_tiles(knobs, problem.head_dim)[2:] != (knobs.block_m,
                                                                                           head_dim_pad(problem.head_dim))):
         why.append("dq_turns alternates two warpgroups where each would add dQ's whole tile from its own keys (head "
@@ -316,10 +324,48 @@ def _bwd_head_dim_split_violations(knobs: BwdKnobs, problem: Problem) -> list[st
         why.append("head_dim_split: each warpgroup adds its column tile's dQ itself (no dQ writer)")
     if knobs.block_m < 64 and tiles[-1] < 64:
         why.append(f"head_dim_split: dQ^T of 32-row steps needs 64 rows of the second tile, it has {tiles[-1]}")
-    if knobs.group_splits > 1 and knobs.num_buffers * knobs.block_m < 128:
-        why.append("head_dim_split with split groups stages the first tile's fp32 dK and dV in the ring's Q and dO "
-                   "tiles: num_buffers x block_m must reach 128 rows")
+    if (knobs.group_splits > 1 or knobs.query_splits > 1) and knobs.num_buffers * knobs.block_m < 128:
+        why.append("head_dim_split with split groups or steps stages the first tile's fp32 dK and dV in the ring's Q "
+                   "and dO tiles: num_buffers x block_m must reach 128 rows")
     return why
+
+
+def _query_split_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
+    why = []
+    if problem.gates() & {"VARLEN", "MASK_MOD"}:
+        why.append("query_splits: packed sequences and mask_mods walk their own lists of steps (one program a key "
+                   "block)")
+    programs, steps = bwd_programs(knobs, problem)
+    if programs >= gpu.multiprocessors:
+        why.append(f"query_splits: {programs} programs (key blocks x batch x KV heads x group_splits) fill the "
+                   f"{gpu.multiprocessors} SMs already")
+    if knobs.query_splits > steps:
+        why.append(f"query_splits {knobs.query_splits} over a key block's {steps} steps leaves programs without one")
+    return why
+
+
+def bwd_programs(knobs: BwdKnobs, problem: Problem) -> tuple[int, int]:
+    """(programs, steps) of the backward before query_splits: dK/dV programs (key blocks x batch x KV heads x
+    group_splits) and the steps of an unmasked key block's program ((query head, query block) pairs)."""
+    programs = cdiv(problem.seqlen_k, bwd_tiles(knobs, problem.head_dim)[0]) * problem.batch * problem.heads_kv
+    return programs * knobs.group_splits, cdiv(problem.group, knobs.group_splits) * cdiv(problem.seqlen_q,
+                                                                                         knobs.block_m)
+
+
+def occupied(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> BwdKnobs:
+    """A borrowed or default backward variant with query_splits fitted to `problem` (NOTES 107): where its programs
+    fill at most half the SMs, each key block's steps over the most programs that stay within one wave, four steps
+    a program at least (b2 h8 s4096/77 d40: 16 programs of 64 steps, 8 splits: its kernels' GPU time 2.66x
+    shorter on an H100; b2 h8 s256/77 d160's 32 programs of 4 steps ran 5% slower in two); else none (a
+    neighbour's splits answered its own programs)."""
+    if problem.gates() & {"VARLEN", "MASK_MOD"}:
+        return replace(knobs, query_splits=1)
+    programs, steps = bwd_programs(knobs, problem)
+    splits = 1
+    while 2 * splits in BwdKnobs.choices()["query_splits"] and 2 * splits * programs <= gpu.multiprocessors \
+            and 4 * 2 * splits <= steps:
+        splits *= 2
+    return replace(knobs, query_splits=splits)
 
 
 def gluon_available() -> bool:
@@ -376,9 +422,10 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         # memory does not hold; NOTES G-bwd23)
         split = d > 128 and _split_pays(problem)
         knobs = replace(unsplit, block_m=64, head_dim_split=True) if split else unsplit
-        candidates = (knobs, replace(knobs, group_splits=1, uneven_groups=False), unsplit,
-                      replace(unsplit, group_splits=1, uneven_groups=False),
-                      replace(unsplit, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False))
+        candidates = tuple(occupied(k, problem, gpu) for k in (
+            knobs, replace(knobs, group_splits=1, uneven_groups=False), unsplit,
+            replace(unsplit, group_splits=1, uneven_groups=False),
+            replace(unsplit, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False)))
     else:
         three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
         split = _split_pays(problem)
@@ -408,8 +455,11 @@ def _uneven(group: int, splits: int) -> bool:
 
 
 def fit(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | BwdKnobs | None:
-    """Tuned knobs of a neighbouring problem if they run this one, else this family's default for it (None
-    where the family cannot run it: dispatch then takes the default variant)."""
+    """Tuned knobs of a neighbouring problem (a backward's query_splits fitted to this one's programs: `occupied`)
+    if they run this one, else this family's default for it (None where the family cannot run it: dispatch then
+    takes the default variant)."""
+    if knobs.DIRECTION == "bwd":
+        knobs = occupied(knobs, problem, gpu)
     return knobs if not violations(knobs, problem, gpu) else default_knobs(problem, gpu, knobs.DIRECTION)
 
 
