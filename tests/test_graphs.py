@@ -28,7 +28,8 @@ def replayed(monkeypatch):
     calls, captures, failing = [], [], []
     monkeypatch.setattr(graphs, "_graphs", type(graphs._graphs)())  # (no other test's graphs)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(graphs, "_raw_stream", lambda device: Stream.cuda_stream)
     monkeypatch.setattr(graphs, "_retiring", [])
 
     def captured(self, tensors, stream):
