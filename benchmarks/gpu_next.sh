@@ -18,6 +18,8 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh small-passes $OUT  # NOTES 100-102: graphs off/on, host per call,
 #                                                                       a forward's two timings, then holdout
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh cross-splits $OUT  # NOTES 107-108: query_splits off/on in GPU
+#                                                                       time, replayed host steps, then holdout
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh holdout $OUT    # the fallback on 24 held-out problems, from a
 #                                                                       fresh wheel (18; carry dist, built here first)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
@@ -571,6 +573,14 @@ print(autoflash.explain(q, q, q))"
     limit 120 python -m autoflash bench --shapes /tmp/one_d72.yaml --mode fwd --out "$out/${day}_${gpu}_d72_bench.jsonl" 2>&1 | grep -v Warn
     limit 120 python benchmarks/graphs_ab.py --shapes /tmp/one_d72.yaml --out "$out/${day}_${gpu}_d72_graphs_ab.jsonl" 2>&1 | grep -v Warn
     limit -s INT 270 python benchmarks/graphs_ab.py --out "$out/${day}_${gpu}_graphs_ab.jsonl" 2>&1 | grep -v Warn
+    bash "$0" holdout "$out"
+    ;;
+cross-splits)  # NOTES 107, 108: the cross-attention backward's query_splits off and on (GPU time alone), a replayed
+               # call's host steps, then the held-out run from a wheel (built in dist/ first)
+    limit 150 python benchmarks/graphs_ab.py --switch query_splits --gpu-time --shapes examples/cross_context.yaml \
+        --rounds 2 --out "$out/${day}_${gpu}_query_splits_ab_gpu_time.jsonl" 2>&1 | grep -v Warn
+    limit 90 python benchmarks/host_breakdown.py --only "b2 h8 s4096/77 d40 fp16" "b32 h32/8 s128 d128 causal bf16" \
+        --out "$out/${day}_${gpu}_host_breakdown.jsonl" 2>&1 | grep -v Warn
     bash "$0" holdout "$out"
     ;;
 bwd-graphs)  # NOTES 94, 96 (branch bwd-graphs): small passes replayed from CUDA graphs: the GPU tests, overhead.py's
