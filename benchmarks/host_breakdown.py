@@ -14,33 +14,23 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
-import time
-
 import torch
 
 import autoflash
 from autoflash import api, graphs
 from autoflash.shapes import load_problems
+from host_per_call import host_ms
 from results_file import append_row
 
 CALLS = 400
 
 
 def host_us(fn) -> float:
-    """Median host time of one call of fn, µs (the GPU drained every 50 calls, outside the timings)."""
+    """Median host time of one call of fn, µs, after 30 warm-up calls (the GPU drained every 50 calls)."""
     for _ in range(30):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for i in range(CALLS):
-        if i % 50 == 0:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times)
+    return 1e3 * host_ms(fn, CALLS, drain_every=50)
 
 
 def steps(p, device) -> dict:

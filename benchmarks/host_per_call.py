@@ -27,16 +27,25 @@ from results_file import append_row
 SLEEP_CYCLES = 100_000_000  # ~50 ms of one SM's clock
 
 
+def host_ms(fn, calls: int = 100, drain_every: int | None = None) -> float:
+    """Median host time of one call of fn, ms, over `calls` calls without synchronising inside one (the GPU's queue
+    drained every `drain_every` calls, outside the timings, or never)."""
+    times = []
+    for i in range(calls):
+        if drain_every and i % drain_every == 0:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def per_call(fn) -> dict:
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    host = []
-    for _ in range(100):
-        start = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - start) * 1e3)
-    torch.cuda.synchronize()
+    host = host_ms(fn)
     torch.cuda._sleep(SLEEP_CYCLES)
     start = time.perf_counter()
     fn()
@@ -48,7 +57,7 @@ def per_call(fn) -> dict:
         fn()
     end.record()
     torch.cuda.synchronize()
-    return dict(host_ms=statistics.median(host), after_sleep_ms=after_sleep, loop_ms=begin.elapsed_time(end) / 50)
+    return dict(host_ms=host, after_sleep_ms=after_sleep, loop_ms=begin.elapsed_time(end) / 50)
 
 
 def main():

@@ -284,7 +284,7 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
         why.append(f"uneven_groups is for group_splits that do not divide the group, each program walking at least "
                    f"one query head (group {group}, group_splits {knobs.group_splits}): the even split's kernels "
                    "otherwise")
-    if (knobs.group_splits > 1 or knobs.query_splits > 1) and knobs.warpgroups != 2:
+    if summed(knobs) and knobs.warpgroups != 2:
         why.append("split groups and steps stage fp32 dK and dV in two warpgroups' buffers (K and V's tiles, the Q/dO "
                    "ring)")
     if knobs.query_splits > 1:
@@ -324,10 +324,15 @@ def _bwd_head_dim_split_violations(knobs: BwdKnobs, problem: Problem) -> list[st
         why.append("head_dim_split: each warpgroup adds its column tile's dQ itself (no dQ writer)")
     if knobs.block_m < 64 and tiles[-1] < 64:
         why.append(f"head_dim_split: dQ^T of 32-row steps needs 64 rows of the second tile, it has {tiles[-1]}")
-    if (knobs.group_splits > 1 or knobs.query_splits > 1) and knobs.num_buffers * knobs.block_m < 128:
+    if summed(knobs) and knobs.num_buffers * knobs.block_m < 128:
         why.append("head_dim_split with split groups or steps stages the first tile's fp32 dK and dV in the ring's Q "
                    "and dO tiles: num_buffers x block_m must reach 128 rows")
     return why
+
+
+def summed(knobs: BwdKnobs) -> bool:
+    """Whether several programs add into one key block's dK and dV (split groups or steps): fp32 sums, by TMA."""
+    return knobs.group_splits * knobs.query_splits > 1
 
 
 def _query_split_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
@@ -361,11 +366,8 @@ def occupied(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> BwdKnobs:
     if problem.gates() & {"VARLEN", "MASK_MOD"}:
         return replace(knobs, query_splits=1)
     programs, steps = bwd_programs(knobs, problem)
-    splits = 1
-    while 2 * splits in BwdKnobs.choices()["query_splits"] and 2 * splits * programs <= gpu.multiprocessors \
-            and 4 * 2 * splits <= steps:
-        splits *= 2
-    return replace(knobs, query_splits=splits)
+    return replace(knobs, query_splits=max(s for s in BwdKnobs.choices()["query_splits"]
+                                           if s == 1 or (s * programs <= gpu.multiprocessors and 4 * s <= steps)))
 
 
 def gluon_available() -> bool:
