@@ -20,6 +20,8 @@
 #                                                                       a forward's two timings, then holdout
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh cross-splits $OUT  # NOTES 107-108: query_splits off/on in GPU
 #                                                                       time, replayed host steps, then holdout
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh group-floor $OUT  # NOTES 109: borrowed GQA causal backwards
+#                                                                       split floored, off/on, then holdout
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh holdout $OUT    # the fallback on 24 held-out problems, from a
 #                                                                       fresh wheel (18; carry dist, built here first)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
@@ -581,6 +583,12 @@ cross-splits)  # NOTES 107, 108: the cross-attention backward's query_splits off
         --rounds 2 --out "$out/${day}_${gpu}_query_splits_ab_gpu_time.jsonl" 2>&1 | grep -v Warn
     limit 90 python benchmarks/host_breakdown.py --only "b2 h8 s4096/77 d40 fp16" "b32 h32/8 s128 d128 causal bf16" \
         --out "$out/${day}_${gpu}_host_breakdown.jsonl" 2>&1 | grep -v Warn
+    bash "$0" holdout "$out"
+    ;;
+group-floor)  # NOTES 109: a borrowed causal GQA backward's group split floored at the default's, off and on in
+              # one process over one prompt's prefills, then the held-out run from a wheel (built in dist/ first)
+    limit 240 python benchmarks/graphs_ab.py --switch group_splits --shapes examples/gqa_prompt.yaml --rounds 3 \
+        --out "$out/${day}_${gpu}_group_splits_ab.jsonl" 2>&1 | grep -v Warn
     bash "$0" holdout "$out"
     ;;
 bwd-graphs)  # NOTES 94, 96 (branch bwd-graphs): small passes replayed from CUDA graphs: the GPU tests, overhead.py's

@@ -9,7 +9,8 @@ forward and backward with AUTOFLASH_GRAPHS=0 and =1 (the order alternating a rou
 rebuilt before each timing (the variable is read as a plan is made), so the two settings differ in the replays
 alone, on one host in the same minute. One JSON line per problem and direction: the medians over the rounds.
 `--switch query_splits` turns another switch off and on the same way: dispatch's split of a backward's query steps
-over programs (NOTES 107; off: every chosen backward keeps query_splits 1). `--gpu-time` times each pass within
+over programs (NOTES 107; off: every chosen backward keeps query_splits 1); `--switch group_splits` its floor on a
+borrowed causal GQA backward's group split (NOTES 109; off: a neighbour's split as it was tuned). `--gpu-time` times each pass within
 replays of a CUDA graph of many (the GPU's time alone, `median_ms(graph=True)`), not call after call.
 """
 
@@ -31,7 +32,7 @@ from autoflash.tune.trial import variant_kwargs
 from results_file import append_row
 
 
-OCCUPIED = gluon_knobs.occupied
+OCCUPIED, GROUPED = gluon_knobs.occupied, gluon_knobs.grouped
 
 
 def _graphs(on: bool) -> None:
@@ -43,7 +44,12 @@ def _query_splits(on: bool) -> None:
     api.DISPATCHER._choices.clear()  # (choices are memoised with their knobs)
 
 
-SWITCHES = {"graphs": _graphs, "query_splits": _query_splits}
+def _group_splits(on: bool) -> None:
+    gluon_knobs.grouped = GROUPED if on else lambda knobs, problem, gpu: knobs
+    api.DISPATCHER._choices.clear()
+
+
+SWITCHES = {"graphs": _graphs, "query_splits": _query_splits, "group_splits": _group_splits}
 
 
 def compare(p, direction: str, rounds: int, device: torch.device, switch=_graphs, gpu_time: bool = False) -> dict:

@@ -104,6 +104,21 @@ def test_a_backward_of_few_programs_runs_its_neighbours_knobs_with_the_steps_spl
     assert Dispatcher([url]).choice(cross, H100, "bwd").knobs == knobs
 
 
+def test_a_causal_gqa_backward_of_few_programs_splits_its_groups_as_the_default_does(tmp_path):
+    """A neighbour's unsplit Gluon backward, tuned with 2048 programs, runs a causal GQA problem of 256 programs
+    (under four waves) with the default's group split (NOTES 109); a problem of 2048 programs keeps it unsplit."""
+    url = f"sqlite:///{tmp_path / 'user.db'}"
+    knobs = GluonBwdKnobs(dv_late=True)
+    record(Store(url), H100, Problem(4, 32, 8, 8192, 8192, 128, True, "bfloat16"), knobs, 10.9)
+    few = Problem(1, 32, 8, 4096, 4096, 128, True, "bfloat16")
+    chosen = Dispatcher([url]).choice(few, H100, "bwd")
+    assert chosen.reason.startswith("nearest") and chosen.knobs == dataclasses.replace(knobs, group_splits=2)
+    many = Problem(2, 32, 8, 16384, 16384, 128, True, "bfloat16")
+    assert Dispatcher([url]).choice(many, H100, "bwd").knobs == knobs
+    full = dataclasses.replace(few, causal=False)  # (the default splits no group without causal masking)
+    assert Dispatcher([url]).choice(full, H100, "bwd").knobs == knobs
+
+
 def test_a_broken_database_is_ignored_with_a_warning(tmp_path):
     bad = tmp_path / "bad.db"
     bad.write_bytes(b"not a database")

@@ -456,13 +456,29 @@ def _uneven(group: int, splits: int) -> bool:
     return group % splits > 0 and (splits - 1) * -(-group // splits) < group
 
 
+def grouped(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> BwdKnobs:
+    """A borrowed backward whose programs fill fewer than four waves of the SMs, with its KV heads' query heads
+    split over at least as many programs as the default's (causal GQA from 2k queries; NOTES 109: the held-out b1
+    h32/8 s4096 and b4 h28/4 s2048 d128 causal backwards borrowed unsplit winners of problems with 2-8x their
+    programs and ran 0.82x and 0.78x plain SDPA on the H200; the leave-one-out rows this changes with both variants
+    timed went 0.85 -> 1.0 and 0.92 -> 1.0 of their best). A neighbour with more programs says nothing of the split
+    that balances this one's causal band."""
+    default = default_knobs(problem, gpu, "bwd")
+    if (default is None or default.group_splits <= knobs.group_splits
+            or bwd_programs(knobs, problem)[0] >= 4 * gpu.multiprocessors):
+        return knobs
+    return replace(knobs, group_splits=default.group_splits, uneven_groups=default.uneven_groups)
+
+
 def fit(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | BwdKnobs | None:
-    """Tuned knobs of a neighbouring problem (a backward's query_splits fitted to this one's programs: `occupied`)
-    if they run this one, else this family's default for it (None where the family cannot run it: dispatch then
-    takes the default variant)."""
+    """Tuned knobs of a neighbouring problem if they run this one, a backward's with its query heads' split
+    (`grouped`, where that runs too) and its query steps' (`occupied`) fitted to this one's programs; else this
+    family's default for it (None where the family cannot run it: dispatch then takes the default variant)."""
+    candidates = (knobs,)
     if knobs.DIRECTION == "bwd":
-        knobs = occupied(knobs, problem, gpu)
-    return knobs if not violations(knobs, problem, gpu) else default_knobs(problem, gpu, knobs.DIRECTION)
+        candidates = (occupied(grouped(knobs, problem, gpu), problem, gpu), occupied(knobs, problem, gpu))
+    return next((k for k in candidates if not violations(k, problem, gpu)),
+                None) or default_knobs(problem, gpu, knobs.DIRECTION)
 
 
 def for_call(knobs: FwdKnobs | BwdKnobs, *, tensors, deterministic: bool) -> tuple[FwdKnobs | BwdKnobs | None, str]:
