@@ -72,6 +72,8 @@
 #                                                                       head dim 128: tests, d224/d256 before/after
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh split-retune $OUT  # after G-bwd23: the campaign's d160/d192
 #                                                                       backward records searched one trial further (79)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh short128-ncu $OUT  # the 128-token GQA forward's kernels beside
+#                                                                       SDPA's under ncu (NOTES 109, issue 18)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh short-ncu $OUT  # stall sampling, short causal vs 16k vs cuDNN (66)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-graphs $OUT  # NOTES 94, branch bwd-graphs (wheel in dist/
 #       first): small backwards from CUDA graphs, tests, host time, the held-out run
@@ -609,6 +611,22 @@ short-ncu)  # NOTES 66: stall sampling by instruction of the Gluon default at d6
             --print-source sass --csv python benchmarks/short_causal_ncu.py $case > "$out/ncu_sass_$name.csv" 2>&1
         echo "$case rc $?"; gzip -f "$out/ncu_sass_$name.csv"
     done
+    ;;
+short128-ncu)  # NOTES 106, 109: the 128-token causal GQA forward (b32 h32/8 s128 d128 bf16: 0.58-0.70x plain SDPA, its
+              # kernel): speed of light, memory, stalls and occupancy of the Gluon default, dispatch's choice and
+              # SDPA's kernel; then the dispatched kernel's stalls by SASS line
+    for which in gluon record sdpa; do
+        limit 120 /usr/local/cuda/bin/ncu --kernel-name regex:'attn_fwd|fprop|flash' --launch-skip 3 --launch-count 1 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+            --section LaunchStats --section Occupancy --csv python benchmarks/short_causal_ncu.py $which 128 128 32 32 8 \
+            bfloat16 > "$out/ncu_s128_$which.csv" 2>&1
+        echo "$which rc $?"; grep -E '"(Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block)"' "$out/ncu_s128_$which.csv" | cut -c1-200
+        gzip -f "$out/ncu_s128_$which.csv"
+    done
+    limit 150 /usr/local/cuda/bin/ncu --kernel-name regex:'attn_fwd' --launch-skip 3 --launch-count 1 \
+        --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+        python benchmarks/short_causal_ncu.py record 128 128 32 32 8 bfloat16 > "$out/ncu_s128_sass_record.csv" 2>&1
+    echo "sass rc $?"; gzip -f "$out/ncu_s128_sass_record.csv"
     ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast

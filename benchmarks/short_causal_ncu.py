@@ -1,8 +1,11 @@
 """One short causal forward cell (NOTES 63: kernel time, not host time) run a few times for Nsight Compute:
-the Gluon default (gluon), the shipped record (record: `tl` at d64 512) or plain SDPA (sdpa), so `ncu` can compare their stall reasons.
+the Gluon default (gluon), what dispatch runs (record: the shipped record or its neighbour's) or plain SDPA (sdpa),
+so `ncu` can compare their stall reasons. The FA grid's fp16 cell (batch x seqlen 16k, 2048 / head_dim heads) by
+default; or `batch heads_q heads_kv dtype` after the head dim (NOTES 109: b32 h32/8 s128 d128 bf16).
 
     ncu --kernel-name regex:'attn_fwd|fprop' --launch-skip 3 --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats --section SchedulerStats python benchmarks/short_causal_ncu.py gluon 512 64
+    ... python benchmarks/short_causal_ncu.py record 128 128 32 32 8 bfloat16
 """
 
 import sys
@@ -14,12 +17,14 @@ from autoflash.reference import sdpa_attention
 from forced_knobs import forced_knobs
 
 
-def main(which, seqlen, head_dim):
+def main(which, seqlen, head_dim, batch=None, heads_q=None, heads_kv=None, dtype="float16"):
     seqlen, head_dim = int(seqlen), int(head_dim)
-    batch, heads = 16384 // seqlen, 2048 // head_dim  # the FA grid's cell
+    batch = int(batch or 16384 // seqlen)  # (the FA grid's cell unless given)
+    heads_q = int(heads_q or 2048 // head_dim)
+    heads_kv = int(heads_kv or heads_q)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.float16, generator=gen)
-               for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=getattr(torch, dtype), generator=gen)
+               for heads in (heads_q, heads_kv, heads_kv))
     change = {"family": "gluon", "default": True} if which == "gluon" else {}
     with forced_knobs(change):
         for _ in range(5):
