@@ -10,8 +10,8 @@ rebuilt before each timing (the variable is read as a plan is made), so the two 
 alone, on one host in the same minute. One JSON line per problem and direction: the medians over the rounds.
 `--switch query_splits` turns another switch off and on the same way: dispatch's split of a backward's query steps
 over programs (NOTES 107; off: every chosen backward keeps query_splits 1); `--switch group_splits` its floor on a
-borrowed causal GQA backward's group split (NOTES 109; off: a neighbour's split as it was tuned). `--gpu-time` times each pass within
-replays of a CUDA graph of many (the GPU's time alone, `median_ms(graph=True)`), not call after call.
+borrowed causal GQA backward's group split (NOTES 109; off: a neighbour's split as it was tuned). `--gpu-time` times
+each pass within replays of a CUDA graph of many (the GPU's time alone, `median_ms(graph=True)`), not call after call.
 """
 
 import argparse

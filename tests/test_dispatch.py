@@ -106,7 +106,8 @@ def test_a_backward_of_few_programs_runs_its_neighbours_knobs_with_the_steps_spl
 
 def test_a_causal_gqa_backward_of_few_programs_splits_its_groups_as_the_default_does(tmp_path):
     """A neighbour's unsplit Gluon backward, tuned with 2048 programs, runs a causal GQA problem of 256 programs
-    (under eight waves of 132 SMs) with the default's group split (NOTES 109); a problem of 2048 programs keeps it unsplit."""
+    (under eight waves of 132 SMs) with the default's group split (NOTES 109); one of 2048 programs keeps it
+    unsplit."""
     url = f"sqlite:///{tmp_path / 'user.db'}"
     knobs = GluonBwdKnobs(dv_late=True)
     record(Store(url), H100, Problem(4, 32, 8, 8192, 8192, 128, True, "bfloat16"), knobs, 10.9)
