@@ -6,6 +6,18 @@ import tempfile
 import pytest
 import torch
 
+
+def one_gpu_per_worker(environ=os.environ) -> None:
+    """With AUTOFLASH_TEST_GPUS=N (N > 1; benchmarks/gpu_suite.sh sets it on a host of N GPUs), xdist worker gwK
+    sees the (K mod N)-th visible GPU alone: the suite spreads over the host's GPUs. It must run before anything
+    asks CUDA for its devices (CUDA reads CUDA_VISIBLE_DEVICES once)."""
+    count, worker = int(environ.get("AUTOFLASH_TEST_GPUS", "1")), environ.get("PYTEST_XDIST_WORKER", "")
+    if count > 1 and worker.startswith("gw"):
+        visible = (environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(count)))).split(",")
+        environ["CUDA_VISIBLE_DEVICES"] = visible[int(worker[2:]) % len(visible)]
+
+
+one_gpu_per_worker()
 HAS_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 if not HAS_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
