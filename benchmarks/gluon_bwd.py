@@ -27,7 +27,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 import autoflash  # noqa: E402
 from autoflash import codegen, families  # noqa: E402
 from autoflash.api import DISPATCHER  # noqa: E402
-from autoflash.families.gluon.knobs import BwdKnobs, default_knobs  # noqa: E402
+from autoflash.families.gluon.defaults import default_knobs  # noqa: E402
+from autoflash.families.gluon.knobs import BwdKnobs  # noqa: E402
 from autoflash.gpu import current  # noqa: E402
 from autoflash.problem import Problem  # noqa: E402
 from autoflash.reference import (GRAD_TOLERANCE, attention_backward_reference, attention_reference,  # noqa: E402

@@ -18,7 +18,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, violations  # noqa: E402
+from autoflash.families.gluon.defaults import default_knobs  # noqa: E402
+from autoflash.families.gluon.knobs import FwdKnobs  # noqa: E402
+from autoflash.families.gluon.limits import violations  # noqa: E402
 from autoflash.gpu import current  # noqa: E402
 from autoflash.launch import compile_launch  # noqa: E402
 from autoflash.problem import Problem  # noqa: E402

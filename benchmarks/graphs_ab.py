@@ -24,7 +24,7 @@ import torch
 
 import autoflash
 from autoflash import api, graphs
-from autoflash.families.gluon import knobs as gluon_knobs
+from autoflash.families.gluon import defaults as gluon_defaults
 from autoflash.reference import sdpa_attention
 from autoflash.shapes import load_problems
 from autoflash.bench import pass_ms, timing_sets
@@ -32,7 +32,7 @@ from autoflash.tune.trial import variant_kwargs
 from results_file import append_row
 
 
-OCCUPIED, GROUPED = gluon_knobs.occupied, gluon_knobs.grouped
+OCCUPIED, GROUPED = gluon_defaults.occupied, gluon_defaults.grouped
 
 
 def _graphs(on: bool) -> None:
@@ -40,12 +40,12 @@ def _graphs(on: bool) -> None:
 
 
 def _query_splits(on: bool) -> None:
-    gluon_knobs.occupied = OCCUPIED if on else lambda knobs, problem, gpu: knobs
+    gluon_defaults.occupied = OCCUPIED if on else lambda knobs, problem, gpu: knobs
     api.DISPATCHER._choices.clear()  # (choices are memoised with their knobs)
 
 
 def _group_splits(on: bool) -> None:
-    gluon_knobs.grouped = GROUPED if on else lambda knobs, problem, gpu: knobs
+    gluon_defaults.grouped = GROUPED if on else lambda knobs, problem, gpu: knobs
     api.DISPATCHER._choices.clear()
 
 

@@ -407,7 +407,7 @@ def test_the_tl_and_gluon_families_run_variants():
     assert not families.violations(FwdKnobs(), problem, hopper)
     why = families.violations(fa1.FwdKnobs(), problem, hopper)
     assert any("SOFTCAP, WINDOW" in reason for reason in why), why
-    if gluon.knobs.gluon_available():  # and both directions' defaults on Hopper (families.default_order)
+    if gluon.limits.gluon_available():  # and both directions' defaults on Hopper (families.default_order)
         assert not families.violations(gluon.FwdKnobs(), problem, hopper)
         assert not families.violations(gluon.BwdKnobs(), problem, hopper)
         assert families.default_knobs(problem, hopper, "fwd").family == "gluon"
@@ -418,7 +418,7 @@ def test_the_tl_and_gluon_families_run_variants():
     scored = Problem(1, 8, 8, 1024, 1024, 128, True, "float16").with_variants(score_mod="f00d")
     for knobs in (gluon.FwdKnobs(), gluon.BwdKnobs()):
         assert any("SCORE_MOD" in reason for reason in families.violations(knobs, scored, hopper))
-    if gluon.knobs.gluon_available():
+    if gluon.limits.gluon_available():
         for direction, knobs in (("fwd", gluon.FwdKnobs()), ("bwd", gluon.BwdKnobs())):
             assert not families.violations(knobs, mod, hopper)
             assert families.default_knobs(mod, hopper, direction).family == "gluon"

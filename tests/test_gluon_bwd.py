@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from autoflash import checks, codegen
-from autoflash.families.gluon.knobs import BwdKnobs, default_knobs, violations
+from autoflash.families.gluon.defaults import default_knobs
+from autoflash.families.gluon.knobs import BwdKnobs
+from autoflash.families.gluon.limits import violations
 from autoflash.gpu import KNOWN, current
 from autoflash.problem import Problem
 from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, attention_reference, gradient_errors

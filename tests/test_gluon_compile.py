@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from autoflash import codegen
-from autoflash.families.gluon.knobs import (BwdKnobs, FwdKnobs, bwd_shared_memory_bytes, bwd_tiles, column_tiles,
-                                            default_knobs, fit, for_call, shared_memory_bytes, violations)
+from autoflash.families.gluon.defaults import default_knobs, fit, for_call
+from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
+from autoflash.families.gluon.limits import (bwd_shared_memory_bytes, bwd_tiles, column_tiles, shared_memory_bytes,
+                                             violations)
 from autoflash.gpu import KNOWN
 from autoflash.launch import compile_launch
 from autoflash.problem import VARIANTS, Problem

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from autoflash import checks, codegen, families
-from autoflash.families.gluon.knobs import FwdKnobs, default_knobs, violations
+from autoflash.families.gluon.defaults import default_knobs
+from autoflash.families.gluon.knobs import FwdKnobs
+from autoflash.families.gluon.limits import violations
 from autoflash.gpu import current
 from autoflash.mask_mod import MaskMod
 from autoflash.problem import Problem

@@ -161,7 +161,7 @@ def _force_gluon(monkeypatch, direction, change):
 
     from autoflash import varlen
     from autoflash.api import DISPATCHER
-    from autoflash.families.gluon import knobs as gluon
+    from autoflash.families import gluon
 
     chosen, forced = DISPATCHER.for_call, []
 

@@ -4,7 +4,9 @@ asynchronous wgmma, dQ by atomics). Hopper, fp16 and bf16; the tuner searches it
 it where its tuned records are faster."""
 
 from autoflash.families.base import KernelFamily
-from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs, default_knobs, fit, for_call, violations
+from autoflash.families.gluon.defaults import default_knobs, fit, for_call
+from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
+from autoflash.families.gluon.limits import violations
 
 FAMILY = KernelFamily(name="gluon", knobs={"fwd": FwdKnobs, "bwd": BwdKnobs}, searched=True, violations=violations,
                       default=default_knobs, fit=fit, for_call=for_call)

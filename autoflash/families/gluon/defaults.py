@@ -1,0 +1,133 @@
+"""The `gluon` family's heuristic defaults (`default_knobs`), a neighbour's tuned knobs fitted to a problem
+(`fit`), and what a call's tensors allow (`for_call`)."""
+
+import math
+from dataclasses import replace
+
+from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
+from autoflash.families.gluon.limits import bwd_programs, column_tiles, split_pays, splits_unevenly, violations
+from autoflash.gpu import Gpu, tma_aligned
+from autoflash.knobs import head_dim_pad
+from autoflash.problem import Problem
+
+
+def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnobs | BwdKnobs | None:
+    """The measured best of the H100 FA grid (benchmarks/NOTES.md, G3-G6): 2 consumers of 64 rows,
+    128-key blocks, overlap, two Q tiles where they fit, a persistent grid; under causal masking its programs
+    claim tiles from a counter (the tiles' work is unequal: G6, +2% geomean over the grid's causal cells against
+    G5's rule of one program per tile from 2k queries); 3 consumers (FA3's 192-row tile) for d64 from 2k queries
+    without causal masking, from 8k with it; head dims past 128 take 64-key blocks, one Q tile and stage O in Q; a
+    mask_mod's tiles claim from the counter too (the block table leaves their work unequal, as causal masking
+    does); where tile_overlap runs (full attention, static grid, two consumers) the next tile's first block goes
+    under this tile's last P V (NOTES G9: d128 full +1-6%); where the padded tile is past 64 columns and
+    head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
+    no tile_overlap (NOTES G16: +4-40%; G17). None where the family cannot run the problem. The backward (every
+    untuned backward's default where it runs: autoflash.families.default_order): two consumer warpgroups, 64-row
+    steps (32 past head dim 128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
+    (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past it (NOTES
+    G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
+    unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59); groups of 16 or more from 512 queries, 8 programs past
+    head dim 64 (NOTES 98), and at head dim 64 from 1k to 8k queries 8 with three ring slots (NOTES 102). Splits
+    balance the causal band's unequal programs; a window's are equal (window 4096 at 32k: 481 TFLOP/s unsplit,
+    454-475 split, NOTES 59). To head dim 64 the two warpgroups take turns adding dQ (dq_turns: 11 of the fp16
+    grid's 12 d64 cells +3.5-10%, NOTES G-bwd20); full attention to head dim 128, and causal to 64, issues dV's
+    wgmma after dS^T's store (dv_late: the fp16 grid's 6 d128 full cells +2-18%, NOTES G-bwd21; beside dq_turns on
+    the d64 cells from 2k +1.9%, NOTES 68)."""
+    d = head_dim_pad(problem.head_dim)
+    if direction == "bwd":
+        # A KV head that serves 16 query heads or more (MQA, GQA 16:1) runs few programs unsplit at any length: its
+        # group splits from 512 queries, over 8 programs past head dim 64 (the tuned MQA 32/1 records: 8 won all 16
+        # causal problems past d64 on both GPUs, the default's 2 ran 0.70-0.96 of it, unsplit 0.47-0.94; NOTES 98)
+        wide = problem.group >= 16
+        split = problem.causal and problem.window == (-1, -1) and problem.seqlen_q >= (512 if wide else 2048)
+        group = problem.group if split else 1
+        # (dq_turns has run on the GPU for dense problems and the fixed variants, not packed or masked ones yet)
+        turns = d <= 64 and not problem.gates() & {"VARLEN", "MASK_MOD"}
+        # (dv_late measured faster past head dim 64 on full attention only, causal cells -4 to +3%, NOTES G-bwd21;
+        # to 64 beside dq_turns, causal or not, +1.9%, NOTES 68)
+        late = (d <= 64 or not problem.causal) and d <= 128 and problem.window == (-1, -1) and not problem.gates() & {
+            "VARLEN", "MASK_MOD"}
+        # At head dim 64 a wide group runs 8 programs with three ring slots from 1k to 8k queries (the tuned d64
+        # MQA and 16:1 records there: that variant won 7 of 7, 2-14% over 4 programs; 4 won at 512 and 32k; NOTES 102)
+        eight = split and wide and d <= 64 and 1024 <= problem.seqlen_q <= 8192
+        splits, uneven = _group_splits(group, 8 if eight else 4 if d <= 64 else 8 if wide else 2)
+        unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
+                           num_buffers=3 if eight else 2, dq_turns=turns, dv_late=late and not eight)
+        # (past head dim 128 where the split pays: two column tiles in 64-row steps, which the padded tile's shared
+        # memory does not hold; NOTES G-bwd23)
+        split = d > 128 and split_pays(problem)
+        knobs = replace(unsplit, block_m=64, head_dim_split=True) if split else unsplit
+        candidates = tuple(occupied(k, problem, gpu) for k in (
+            knobs, replace(knobs, group_splits=1, uneven_groups=False), unsplit,
+            replace(unsplit, group_splits=1, uneven_groups=False),
+            replace(unsplit, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False)))
+    else:
+        three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
+        split = split_pays(problem)
+        columns = sum(column_tiles(FwdKnobs(head_dim_split=split), problem))
+        knobs = FwdKnobs(block_n=128 if columns <= (160 if split else 128) else 64, consumers=3 if three else 2,
+                         consumer_regs=160 if three else 240, dynamic=problem.causal or bool(problem.mask_mod),
+                         stage_o_in_q=d > 128, q_buffers=2 if d <= 128 else 1, head_dim_split=split,
+                         tile_overlap=not split)
+        candidates = (knobs, replace(knobs, tile_overlap=False), replace(knobs, q_buffers=1, tile_overlap=False),
+                      replace(knobs, block_n=64, q_buffers=1, tile_overlap=False))
+    return next((k for k in candidates if not violations(k, problem, gpu)), None)
+
+
+def _group_splits(group: int, wanted: int) -> tuple[int, bool]:
+    """(group_splits, uneven_groups) of the backward's default: `wanted` programs a KV head's group where they
+    divide it, else as many as divide it, else (a group prime to `wanted`: MQA 71:1, GQA 7:1) the most of 2, 4, 8
+    up to `wanted` below the group, unevenly (NOTES 74.(c): 71:1 unsplit ran 64 programs on 132 SMs, 0.34x)."""
+    even = math.gcd(group, wanted)
+    uneven = max((s for s in (2, 4, 8) if s <= wanted and splits_unevenly(group, s)), default=1)
+    return (even, False) if even > 1 or uneven == 1 else (uneven, True)
+
+
+
+def occupied(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> BwdKnobs:
+    """A borrowed or default backward variant with query_splits fitted to `problem` (NOTES 107): where its programs
+    fill at most half the SMs, each key block's steps over the most programs that stay within one wave, four steps
+    a program at least (b2 h8 s4096/77 d40: 16 programs of 64 steps, 8 splits: its kernels' GPU time 2.66x
+    shorter on an H100; b2 h8 s256/77 d160's 32 programs of 4 steps ran 5% slower in two); else none (a
+    neighbour's splits answered its own programs)."""
+    if problem.gates() & {"VARLEN", "MASK_MOD"}:
+        return replace(knobs, query_splits=1)
+    programs, steps = bwd_programs(knobs, problem)
+    return replace(knobs, query_splits=max(s for s in BwdKnobs.choices()["query_splits"]
+                                           if s == 1 or (s * programs <= gpu.multiprocessors and 4 * s <= steps)))
+
+
+def grouped(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> BwdKnobs:
+    """A borrowed backward whose programs fill fewer than eight waves of the SMs, with its KV heads' query heads
+    split over at least as many programs as the default's (causal GQA from 2k queries). A neighbour tuned with
+    more programs says nothing of the split that balances this one's causal band: in the shipped databases' trials
+    the default's split against none ran 1.11x / 1.18x (H100 / H200 medians; 23 of 23 faster) under four unsplit
+    waves, 1.03x (37 of 49 faster, 4 slower) at four to eight, level past (NOTES 109: the held-out b1 h32/8 s4096
+    and b4 h28/4 s2048 d128 causal backwards 0.78x -> 0.90x and 0.77x -> 0.87x plain SDPA on the H200)."""
+    default = default_knobs(problem, gpu, "bwd")
+    if (default is None or default.group_splits <= knobs.group_splits
+            or bwd_programs(knobs, problem)[0] >= 8 * gpu.multiprocessors):
+        return knobs
+    return replace(knobs, group_splits=default.group_splits, uneven_groups=default.uneven_groups)
+
+
+def fit(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> FwdKnobs | BwdKnobs | None:
+    """Tuned knobs of a neighbouring problem if they run this one, a backward's with its query heads' split
+    (`grouped`, where that runs too) and its query steps' (`occupied`) fitted to this one's programs; else this
+    family's default for it (None where the family cannot run it: dispatch then takes the default variant)."""
+    candidates = (knobs,)
+    if knobs.DIRECTION == "bwd":
+        candidates = (occupied(grouped(knobs, problem, gpu), problem, gpu), occupied(knobs, problem, gpu))
+    return next((k for k in candidates if not violations(k, problem, gpu)),
+                None) or default_knobs(problem, gpu, knobs.DIRECTION)
+
+
+def for_call(knobs: FwdKnobs | BwdKnobs, *, tensors, deterministic: bool) -> tuple[FwdKnobs | BwdKnobs | None, str]:
+    """TMA reads and writes every tensor: None (dispatch takes the default variant) where one of q, k, v, out is
+    not 16-byte aligned, its address or a stride; and for a deterministic backward (the Gluon backward adds dQ
+    with atomics; the `tl` family's separate dQ pass is deterministic)."""
+    if knobs.DIRECTION == "bwd" and deterministic:
+        return None, "deterministic=True: the Gluon backward adds dQ with atomics"
+    if tma_aligned(*tensors):
+        return knobs, ""
+    return None, "Gluon's TMA needs 16-byte aligned tensors and strides"
