@@ -134,17 +134,22 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
         why += _tile_overlap_violations(knobs, problem)
     if knobs.head_dim_split:
         why += _head_dim_split_violations(knobs, problem)
-    smem = shared_memory_bytes(knobs, problem)
-    if smem > gpu.shared_memory_per_block:
-        why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
-    need = consumer_registers(knobs, problem)
-    budget = 240 if knobs.consumers == 1 else knobs.consumer_regs
-    if need > budget:
-        why.append(f"a consumer needs ~{need} registers a thread, it gets {budget}")
+    why += _resource_violations(shared_memory_bytes(knobs, problem), consumer_registers(knobs, problem),
+                                240 if knobs.consumers == 1 else knobs.consumer_regs, gpu)
     # The first consumer (the default partition) gets at least what the others get.
     if (knobs.consumers * knobs.consumer_regs + knobs.producer_regs) * 128 > MAX_REGISTERS:
         why.append(f"{knobs.consumers} consumers x {knobs.consumer_regs} + producer {knobs.producer_regs} registers "
                    f"x 128 threads exceed the SM's {MAX_REGISTERS}")
+    return why
+
+
+def _resource_violations(smem: int, registers: int, budget: int, gpu: Gpu) -> list[str]:
+    """A variant's estimated shared memory against the GPU's, a consumer thread's registers against its budget."""
+    why = []
+    if smem > gpu.shared_memory_per_block:
+        why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
+    if registers > budget:
+        why.append(f"a consumer needs ~{registers} registers a thread, it gets {budget}")
     return why
 
 
@@ -222,12 +227,8 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
         why.append("dq_turns hands no tile to the dQ writer on the steps where a warpgroup skips dQ")
     if knobs.head_dim_split:
         why += _bwd_head_dim_split_violations(knobs, problem)
-    smem = bwd_shared_memory_bytes(knobs, problem)
-    if smem > gpu.shared_memory_per_block:
-        why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
-    need = bwd_registers(knobs, problem)
-    if need > BWD_CONSUMER_REGISTERS:
-        why.append(f"a consumer thread needs ~{need} registers, it gets {BWD_CONSUMER_REGISTERS}")
+    why += _resource_violations(bwd_shared_memory_bytes(knobs, problem), bwd_registers(knobs, problem),
+                                BWD_CONSUMER_REGISTERS, gpu)
     return why
 
 
