@@ -84,6 +84,8 @@
 #   . .device/setup.sh && bash benchmarks/campaign.sh $OUT 540 4
 # A step of this file on GPU 0 while the campaign tunes on the others, in one call (a branch's step: PATCH=file):
 #   . .device/setup.sh && PATCH=bg.patch bash benchmarks/beside_campaign.sh $OUT bwd-graphs 470
+# Several of these steps (or any commands) at once, each on its own GPUs and cores, one archive back (NOTES 111):
+#   . .device/setup.sh && bash benchmarks/gpu_parallel.sh $OUT 570 'bash benchmarks/gpu_next.sh variants $out' ...
 # On the 2-GPU kind (nvidia-h200-x2):
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring    $OUT   # ring attention beside one GPU (NOTES 46, R1)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh ring-dynamic $OUT  # the steps' tiles claimed dynamically (R2)
