@@ -20,9 +20,11 @@ def input_sets(bytes_per_set: int, device: torch.device, max_sets: int = 32) -> 
 
 
 def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-              graph: bool = False) -> float:
+              graph: bool = False, graph_below_ms: float = 0.0) -> float:
     """Median time of one call of `fn`, ms; with `graph`, of one call within replays of a CUDA graph of many
-    (the GPU's time alone: no host time between calls, which short kernels otherwise wait on)."""
+    (the GPU's time alone: no host time between calls, which short kernels otherwise wait on). With
+    `graph_below_ms`, a call estimated shorter than that is timed so too, or, where `fn` cannot be captured, call
+    after call (the tuner: NOTES 112)."""
     if device.type != "cuda":  # the interpreter: wall time of a few calls (for the record, not for speed)
         times = []
         for i in range(3):
@@ -41,8 +43,13 @@ def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, re
     end.record()
     torch.cuda.synchronize()
     estimate = max(start.elapsed_time(end) / 5, 1e-3)
-    if graph:
-        return _graph_ms(fn, n_sets, max(n_sets, min(1000, int(2.0 / estimate))), max(5, int(rep_ms / 2.0)))
+    if graph or estimate < graph_below_ms:
+        try:
+            return _graph_ms(fn, n_sets, max(n_sets, min(1000, int(2.0 / estimate))), max(5, int(rep_ms / 2.0)))
+        except RuntimeError:
+            if graph:
+                raise
+            torch.cuda.synchronize()
     for i in range(max(1, int(warmup_ms / estimate))):
         fn(i % n_sets)
     reps = max(10, min(1000, int(rep_ms / estimate)))
@@ -91,11 +98,12 @@ def _graph_ms(fn, n_sets: int, calls: int, replays: int) -> float:
 def backward_ms(forward, sets, device: torch.device, **timing) -> float:
     """Median time of the backward alone of `forward(q, k, v) -> out`, over input sets (q, k, v, dout):
     each set's forward runs once, its graph is kept, and only torch.autograd.grad is timed (with median_ms's
-    `timing` options). Under `graph` the forwards run on a side stream: autograd runs a node's backward on its
-    forward's stream, and a backward whose nodes hold the legacy default stream cannot be captured alone
-    (cudaErrorStreamCaptureImplicit; benchmarks/NOTES.md 87)."""
+    `timing` options). Where a graph may time it the forwards run on a side stream: autograd runs a node's
+    backward on its forward's stream, and a backward whose nodes hold the legacy default stream cannot be captured
+    alone (cudaErrorStreamCaptureImplicit; benchmarks/NOTES.md 87)."""
     graphs = []
-    side = torch.cuda.Stream(device) if timing.get("graph") and device.type == "cuda" else None
+    graphs_may_time = timing.get("graph") or timing.get("graph_below_ms")
+    side = torch.cuda.Stream(device) if graphs_may_time and device.type == "cuda" else None
     with torch.cuda.stream(side):  # (None: the current stream)
         for q, k, v, dout in sets:
             inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
