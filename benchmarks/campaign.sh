@@ -10,13 +10,15 @@
 # (benchmarks/campaign_summary.py). BWD_FAMILIES=gluon searches the backward in that family alone (C1: on the H200
 # the Gluon backward won 204 of 205 problems; the forward keeps every family, `tl` won 26 of 208 there). The other
 # GPUs' shipped databases are read for first guesses (--warm-from: their winners of the same problem).
-# ENTRIES="prefill:bwd cross:bwd" tunes those files and directions alone, in that order.
+# ENTRIES="prefill:bwd cross:bwd" tunes those files and directions alone, in that order. FRESH=1 tunes into an empty
+# database, merged into tuning_db/<family>.db after: the variants it reaches, the default first, timed anew (the
+# tuner never times a variant twice in one database; NOTES 112: short calls' earlier trials hold host time).
 set -uo pipefail
 out=$1 seconds=${2:-540} trials=${3:-4}
 mkdir -p "$out"
 family=$(python -c "from autoflash.gpu import current; print(current().family)")
 db=tuning_db/$family.db work=/tmp/campaign_$family.db
-rm -f "$work" && { [ -f "$db" ] && cp "$db" "$work" || true; }
+rm -f "$work" && { [ -f "$db" ] && [ -z "${FRESH:-}" ] && cp "$db" "$work" || true; }
 warm=()
 for other in tuning_db/*.db; do [ "$other" != "$db" ] && warm+=(--warm-from "$other"); done
 end=$(( $(date +%s) + seconds ))
