@@ -14,6 +14,7 @@ OUT=$1 seconds=$2
 shift 2
 gpus=$(nvidia-smi -L | grep -c "^GPU") cores=$(nproc) root=/tmp/gpu_parallel
 [ $# -ge 1 ] || { echo "gpu_parallel.sh: no job given"; exit 2; }
+[ "$gpus" -ge 1 ] || { echo "gpu_parallel.sh: nvidia-smi lists no GPU"; exit 2; }
 rm -rf "$root" && mkdir -p "$root" "$OUT"
 nvidia-smi -L | head -n 1
 k=0
