@@ -11,8 +11,9 @@
 # the Gluon backward won 204 of 205 problems; the forward keeps every family, `tl` won 26 of 208 there). The other
 # GPUs' shipped databases are read for first guesses (--warm-from: their winners of the same problem).
 # ENTRIES="prefill:bwd cross:bwd" tunes those files and directions alone, in that order. FRESH=1 tunes into an empty
-# database, merged into tuning_db/<family>.db after: the variants it reaches, the default first, timed anew (the
-# tuner never times a variant twice in one database; NOTES 112: short calls' earlier trials hold host time).
+# database, merged into tuning_db/<family>.db after, with that database's winners as first guesses: the default and
+# they timed anew (the tuner never times a variant twice in one database; NOTES 112: short calls' earlier trials
+# hold host time).
 set -uo pipefail
 out=$1 seconds=${2:-540} trials=${3:-4}
 mkdir -p "$out"
@@ -20,7 +21,7 @@ family=$(python -c "from autoflash.gpu import current; print(current().family)")
 db=tuning_db/$family.db work=/tmp/campaign_$family.db
 rm -f "$work" && { [ -f "$db" ] && [ -z "${FRESH:-}" ] && cp "$db" "$work" || true; }
 warm=()
-for other in tuning_db/*.db; do [ "$other" != "$db" ] && warm+=(--warm-from "$other"); done
+for other in tuning_db/*.db; do [ "$other" != "$db" ] || [ -n "${FRESH:-}" ] && warm+=(--warm-from "$other"); done
 end=$(( $(date +%s) + seconds ))
 for entry in ${ENTRIES:-prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd gqa:fwd gqa:bwd fp16:fwd fp16:bwd \
                 short:fwd short:bwd ratios:bwd ratios:fwd small:bwd small:fwd}; do

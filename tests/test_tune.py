@@ -298,7 +298,7 @@ def test_another_gpus_winner_of_the_problem_is_a_first_guess(tmp_path):
                        if (knobs := replace(default, **{name: value})) not in (default, winner)
                        and searched(knobs.as_point()))
     theirs.record_trial(INTERPRETER, problem, interpreted.to_json(), fingerprint, "ok", 0.1)
-    assert tuner.other_gpus_best([theirs], h100, problem, "tl") == [winner]
+    assert tuner.warm_best([theirs], h100, problem, "tl") == [winner]
     batches = []
     for name, warm, guessed in (("alone.db", [], False), ("beside.db", [theirs], True)):
         batches.clear()
@@ -310,6 +310,28 @@ def test_another_gpus_winner_of_the_problem_is_a_first_guess(tmp_path):
         assert (batches[0][1] == winner) is guessed and (winner in sum(batches, [])) is guessed, batches
     theirs.close()
 
+
+
+def test_this_gpus_own_winner_in_a_warm_database_is_guessed_before_another_gpus(tmp_path):
+    """A retune into a fresh database warm from the shipped one (campaign.sh FRESH=1, NOTES 112): the problem's
+    earlier winner on this GPU is guessed first, then another GPU's."""
+    from dataclasses import replace
+
+    from autoflash import families
+    from autoflash.gpu import KNOWN
+
+    problem, h100, h200 = Problem(1, 4, 1, 1024, 1024, 64, True, "float16"), KNOWN["h100"], KNOWN["h200"]
+    tl = next(f for f in families.searched("fwd") if f.name == "tl")
+    default, (searched, _) = tl.default(problem, h100, "fwd"), searched_space(tl, problem, h100, "fwd")
+    ours, theirs = [knobs for name, choices in type(default).search_space().items() for value in choices
+                    if (knobs := replace(default, **{name: value})) != default and searched(knobs.as_point())][:2]
+    fingerprint = codegen.template_fingerprint("tl", "fwd", problem.gates())
+    shipped = Store(str(tmp_path / "shipped.db"))
+    shipped.record_trial(h200, problem, theirs.to_json(), fingerprint, "ok", 0.5)
+    shipped.record_trial(h100, problem, ours.to_json(), fingerprint, "ok", 0.7)
+    assert tuner.warm_best([shipped], h100, problem, "tl") == [ours, theirs]
+    assert tuner.warm_best([shipped], h200, problem, "tl") == [theirs, ours]
+    shipped.close()
 
 def test_a_family_stops_at_its_budget_or_the_deadline_whichever_comes_first():
     from autoflash.tune import earliest

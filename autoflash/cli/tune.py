@@ -35,8 +35,9 @@ from autoflash.tune import SAMPLERS
               help="kernel families to search, comma-separated, e.g. gluon [default: every family the tuner "
                    "searches: tl, gluon]")
 @click.option("--warm-from", "warm_from", multiple=True,
-              help="database (URL or SQLite file, repeatable) whose other GPUs' winners of each problem are first "
-                   "guesses, e.g. tuning_db/h200.db when tuning an H100; only read")
+              help="database (URL or SQLite file, repeatable) whose winners of each problem are first guesses, "
+                   "this GPU's then other GPUs': e.g. tuning_db/h200.db when tuning an H100, or the shipped "
+                   "database when retuning into a fresh one; only read")
 @click.option("--begin-at", default="0/1", hidden=True,
               help="i/N: start at the i-th of N equal parts of the problems and go round (set by --devices)")
 def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret,

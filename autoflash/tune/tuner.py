@@ -95,16 +95,18 @@ def earlier_best(store: Store, gpu: Gpu, problem: Problem, direction: str = "fwd
             for best in store.best(gpu.family, fingerprint, direction) if best.problem == problem]
 
 
-def other_gpus_best(stores: Sequence[Store], gpu: Gpu, problem: Problem, family: str, direction: str = "fwd"
-                    ) -> list[Knobs]:
-    """Winners of `problem` itself on the stores' other GPUs (the H200's when tuning an H100), guessed right after
-    the default: the same problem and templates on a GPU of the same kind (NOTES C3, C4: the H100's winner in 23
-    of 246 backwards). Timed again like any other point, never reused. The interpreter's records (a test run's
-    wall times on the CPU) say nothing of a GPU's winner: they are no guess for one."""
+def warm_best(stores: Sequence[Store], gpu: Gpu, problem: Problem, family: str, direction: str = "fwd"
+              ) -> list[Knobs]:
+    """Winners of `problem` itself in the warm stores (`--warm-from`), guessed right after the default: this GPU's
+    first (a retune into a fresh database, `campaign.sh` FRESH=1: its earlier winners timed anew, NOTES 112), then
+    other GPUs' (the H200's when tuning an H100: the same problem and templates on a GPU of the same kind, NOTES C3,
+    C4: the H100's winner in 23 of 246 backwards). Timed again like any other point, never reused. The
+    interpreter's records (a test run's wall times on the CPU) say nothing of a GPU's winner: they are no guess."""
     fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
     return [families.knobs_from_json(direction, best.knobs)
-            for store in stores for other in store.gpu_families()
-            if other not in (gpu.family, INTERPRETER.family)
+            for store in stores
+            for other in sorted(store.gpu_families(), key=lambda name: name != gpu.family)
+            if other != INTERPRETER.family
             for best in store.best(other, fingerprint, direction) if best.problem == problem]
 
 
@@ -263,7 +265,7 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
         evaluate([first.as_point()], until=None)  # whatever the deadline leaves: the search's choice is never slower
     default = family.default(problem, gpu, direction)
     guesses = [default, *upgraded_best(done, default), *earlier_best(store, gpu, problem, direction),
-               *other_gpus_best(warm_stores, gpu, problem, family.name, direction),
+               *warm_best(warm_stores, gpu, problem, family.name, direction),
                *nearest_tuned(store, gpu, problem, family.name, direction)]
     warm = [k.as_point() for k in guesses if k is not None and k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
