@@ -10,7 +10,8 @@
 # (benchmarks/campaign_summary.py). BWD_FAMILIES=gluon searches the backward in that family alone (C1: on the H200
 # the Gluon backward won 204 of 205 problems; the forward keeps every family, `tl` won 26 of 208 there). The other
 # GPUs' shipped databases are read for first guesses (--warm-from: their winners of the same problem).
-# ENTRIES="prefill:bwd cross:bwd" tunes those files and directions alone, in that order. FRESH=1 tunes into an empty
+# ENTRIES="prefill:bwd cross:bwd" tunes those files and directions alone, in that order (or a path:
+# ENTRIES="/tmp/retime/fwd.yaml:fwd", benchmarks/short_problems.py's). FRESH=1 tunes into an empty
 # database, merged into tuning_db/<family>.db after, with that database's winners as first guesses: the default and
 # they timed anew (the tuner never times a variant twice in one database; NOTES 112: short calls' earlier trials
 # hold host time).
@@ -25,7 +26,8 @@ for other in tuning_db/*.db; do [ "$other" != "$db" ] || [ -n "${FRESH:-}" ] && 
 end=$(( $(date +%s) + seconds ))
 for entry in ${ENTRIES:-prefill:fwd prefill:bwd cross:fwd cross:bwd decode:fwd gqa:fwd gqa:bwd fp16:fwd fp16:bwd \
                 short:fwd short:bwd ratios:bwd ratios:fwd small:bwd small:fwd}; do
-    file=examples/campaign/${entry%%:*}.yaml mode=${entry##*:}
+    file=${entry%:*} mode=${entry##*:}
+    [[ $file == */* ]] || file=examples/campaign/$file.yaml  # (a part's name, or a problems file's path)
     families=()
     [ "$mode" = bwd ] && [ -n "${BWD_FAMILIES:-}" ] && families=(--families "$BWD_FAMILIES")
     left=$(( end - $(date +%s) ))
