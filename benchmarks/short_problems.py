@@ -27,7 +27,8 @@ FILES = ["examples/campaign/*.yaml", "examples/fa_grid.yaml", "examples/fa_grid_
 def short_problems(files: list[str], db: str, gpu: str, direction: str, below_ms: float) -> list[dict]:
     """Problems files' plain problems (no variant, packed sequence or cache) tuned faster than below_ms, once each."""
     best = {problem: min(times.values()) for problem, times in timed(db, gpu, direction).items()}
-    problems = dict.fromkeys(p for f in files for p in load_problems(f) if not p.gates() and best.get(p, 1e9) < below_ms)
+    problems = dict.fromkeys(p for f in files for p in load_problems(f)
+                             if not p.gates() and p in best and best[p] < below_ms)
     return [dict(batch=p.batch, heads_q=p.heads_q, heads_kv=p.heads_kv, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
                  head_dim=p.head_dim, causal=p.causal, dtype=p.dtype) for p in problems]
 
