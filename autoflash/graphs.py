@@ -52,6 +52,19 @@ def replayed(plan, direction: str, flops: float, buffer_bytes: int):
     return Replayed(plan) if small else plan
 
 
+def clear_failed_capture(device) -> None:
+    """Undo what a capture that raised leaves behind. Its stream's capture has ended, but torch marks the device's
+    default random generator as capturing until a capture ends cleanly (its epilogue), so every later random op on
+    the device would raise "Offset increment outside graph capture encountered unexpectedly" (measured on torch
+    2.11, NOTES 115); one clean capture clears the mark."""
+    with torch.cuda.device(device):
+        scratch = torch.zeros(1, device=device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            scratch.add_(1.0)
+        del graph
+
+
 def _raw_stream(device: int) -> int:
     """The handle of `device`'s current stream (torch.cuda.current_stream()'s object takes 4-8 µs a call on the
     H100/H200 hosts, NOTES 106; Triton's launches read the same handle)."""
@@ -100,6 +113,7 @@ class Replayed:
         try:
             graph = self._captured(tensors, stream)
         except RuntimeError:  # (a launch that cannot be captured: the plan runs as it is from now on)
+            clear_failed_capture(device)
             with _lock:
                 COUNTS["capture_failed"] += 1
             self.capturing = False

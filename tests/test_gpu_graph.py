@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import autoflash
+from autoflash import graphs
 from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, gradient_errors
 from helpers import assert_matches_reference, make_qkv
 
@@ -149,3 +150,19 @@ def test_layers_graphs_share_a_pool_and_replay_in_any_order(monkeypatch):
                 dout.copy_(torch.randn_like(dout))
         del outs, grads
     assert replays, "no backward was replayed from a graph"
+
+
+def test_a_plan_that_cannot_be_captured_runs_and_leaves_random_numbers_working():
+    """A plan whose capture fails (here: it synchronizes) runs as it is, and the device's random generator works
+    after (NOTES 115: torch left it marked as capturing, and the next random op raised)."""
+    x = torch.zeros(4, device="cuda")
+
+    def plan(t):
+        t.add_(1.0)
+        torch.cuda.synchronize()  # (not allowed while capturing)
+
+    replayed = graphs.Replayed(plan)
+    for _ in range(3):
+        replayed(x)
+    assert x.tolist() == [3.0] * 4 and not replayed.capturing
+    assert torch.randn(1000, device="cuda").std().item() > 0.5

@@ -37,5 +37,6 @@ def test_a_call_that_cannot_be_captured_is_timed_call_after_call():
     assert 0 < ms < 5.0
     with pytest.raises(RuntimeError):
         median_ms(uncapturable, 2, x.device, rep_ms=20, graph=True)
-    x.add_(1.0)  # the device still works
+    x.add_(1.0)  # the device still works, its random generator too (NOTES 115: a failed capture had left it
+    torch.randn(4, device="cuda").sum().item()  # marked as capturing, and the next random op raised)
     torch.cuda.synchronize()

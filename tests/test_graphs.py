@@ -31,6 +31,8 @@ def replayed(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
     monkeypatch.setattr(graphs, "_raw_stream", lambda device: Stream.cuda_stream)
     monkeypatch.setattr(graphs, "_retiring", [])
+    cleared = []
+    monkeypatch.setattr(graphs, "clear_failed_capture", cleared.append)
 
     def captured(self, tensors, stream):
         if failing:

@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from autoflash.graphs import clear_failed_capture
+
 
 def input_sets(bytes_per_set: int, device: torch.device, max_sets: int = 32) -> int:
     """How many input sets to rotate so that together they span twice the L2 cache."""
@@ -47,6 +49,7 @@ def median_ms(fn, n_sets: int, device: torch.device, warmup_ms: float = 25.0, re
         try:
             return _graph_ms(fn, n_sets, max(n_sets, min(1000, int(2.0 / estimate))), max(5, int(rep_ms / 2.0)))
         except RuntimeError:
+            clear_failed_capture(device)
             if graph:
                 raise
             torch.cuda.synchronize()
