@@ -2,8 +2,8 @@
 # Independent jobs at once on a host of several GPUs, each on its own GPUs and their share of the cores: a session's
 # device time counts the machine's wall time, not its GPUs (NOTES 111: four jobs of one call on nvidia-h200-x4).
 #   . .device/setup.sh && bash benchmarks/gpu_parallel.sh $OUT SECONDS JOB [JOB ...]
-# JOB is a command line, run by bash with $out set to its own folder; job k runs on GPU k, unless it starts with
-# @GPUS (`@1,2,3 bash benchmarks/gpu_suite.sh $out 520`). A job sees only its GPUs (CUDA_VISIBLE_DEVICES) and
+# JOB is a command line, run by bash with $out set to its own folder; a job that starts with @GPUS runs on those
+# (`@1,2,3 bash benchmarks/gpu_suite.sh $out 520`), the others each on the next GPU that no @GPUS names. A job sees only its GPUs (CUDA_VISIBLE_DEVICES) and
 # cores (taskset: GPU g of N owns cores g*C/N up to (g+1)*C/N), and is stopped after SECONDS, its GPUs' processes
 # with it. Each job's output goes to $out/job.log; everything comes back as $OUT/parallel.tgz (the device tool
 # returns at most 8 files), and the tail of each job's log is printed.
@@ -17,10 +17,16 @@ gpus=$(nvidia-smi -L | grep -c "^GPU") cores=$(nproc) root=/tmp/gpu_parallel
 [ "$gpus" -ge 1 ] || { echo "gpu_parallel.sh: nvidia-smi lists no GPU"; exit 2; }
 rm -rf "$root" && mkdir -p "$root" "$OUT"
 nvidia-smi -L | head -n 1
-k=0
+claimed=,
+for job in "$@"; do [[ $job == @* ]] && claimed+="${job%% *},"; done
+free=()
+for ((g = 0; g < gpus; g++)); do [[ ${claimed//@/} == *,$g,* ]] || free+=("$g"); done
+k=0 f=0
 for job in "$@"; do
-    devices=$k
-    if [[ $job == @* ]]; then
+    if [[ $job != @* ]]; then
+        [ "$f" -lt "${#free[@]}" ] || { echo "job $k: no GPU left that no @GPUS names"; exit 2; }
+        devices=${free[$f]} f=$((f + 1))
+    else
         devices=${job%% *}
         devices=${devices#@}
         job=${job#* }

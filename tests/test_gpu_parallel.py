@@ -53,3 +53,13 @@ def test_each_job_sees_its_own_gpus_and_folder_and_a_slow_one_is_stopped_alone(f
 def test_a_job_asking_a_gpu_the_host_lacks_is_refused(four_gpus):
     result = run(four_gpus / "out", 3, "@4 echo hi")
     assert result.returncode == 2 and "asks GPU 4; this host has 4" in result.stdout
+
+
+def test_a_job_without_gpus_named_takes_one_that_no_other_job_names(four_gpus):
+    out = four_gpus / "out"
+    result = run(out, 5, '@1,2,3 echo "gpus=$CUDA_VISIBLE_DEVICES"', 'echo "gpus=$CUDA_VISIBLE_DEVICES"')
+    assert result.returncode == 0, result.stderr
+    job_logs = logs(out)
+    assert "gpus=1,2,3" in job_logs["job0"] and "gpus=0" in job_logs["job1"]
+    refused = run(four_gpus / "again", 5, "@0,1,2,3 true", "true")
+    assert refused.returncode == 2 and "no GPU left" in refused.stdout
