@@ -33,6 +33,8 @@
 #                                                                       d64: its GPU tests, then beside the default (NOTES G-bwd20)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-d128 $OUT  # dV's wgmma after dS^T's store (dv_late,
 #       NOTES G-bwd21): its GPU tests (~200 s), then default vs dv_late on the fp16 grid's 12 d128 cells (~320 s)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh split-keys $OUT  # past head dim 128 the warpgroups on 32 keys
+#                                                                       each: its GPU tests, then speed (NOTES 116)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
@@ -258,6 +260,20 @@ bwd-causal-short)  # dq_turns (NOTES G-bwd20): its GPU tests, then beside the de
     ;;
 bwd-d128)  # dv_late (NOTES G-bwd21): its GPU tests, then beside the default on the fp16 grid's d128 cells
     bwd_knob dv_late d128
+    ;;
+split-keys)  # NOTES 116: split_keys' GPU tests, then beside the default past head dim 128 (padded d224/d256 and
+            # Gemma-2's GQA d256; d160-d256 at 4k and 16k)
+    limit 240 python -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_gluon_bwd.py -k split_keys \
+        > "$out/${day}_${gpu}_gpu_tests_gluon_bwd_split_keys.log" 2>&1
+    echo "split_keys tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_gluon_bwd_split_keys.log"
+    rows="$out/${day}_${gpu}_gluon_bwd_split_keys.jsonl"
+    for bench in padded wide; do
+        limit 160 python benchmarks/gluon_bwd.py --bench $bench --out "$rows" --variants \
+            '["default", {"split_keys": true, "num_buffers": 1, "block_m": 64, "head_dim_split": false}]' \
+            >> "$out/${day}_${gpu}_gluon_bwd_split_keys.log" 2>&1
+        echo "split_keys $bench bench rc $?"
+    done
+    python benchmarks/knob_ratio.py "$rows" split_keys
     ;;
 gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much
     limit 240 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py -p no:cacheprovider \

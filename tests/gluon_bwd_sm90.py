@@ -40,8 +40,8 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
         q, kv = (descriptor(rows, head_dim, dtype, width) for rows in (knobs["block_m"],
                                                                        launch._block_n(width, wg, block_d2)))
         split = knobs["group_splits"] * knobs["query_splits"] > 1  # (then fp32 sums)
-        dkv = descriptor(64, head_dim, "float32" if split else dtype,
-                         columns=launch._dkv_columns(width, wg, block_d2))
+        dkv = descriptor(64 // wg if knobs["split_keys"] else 64, head_dim, "float32" if split else dtype,
+                         columns=launch._dkv_columns(width, wg, block_d2, knobs["split_keys"]))
         dq_block = [1, 1, *launch._dq_share(knobs["block_m"], width, wg, block_d2)]
         dq = TensorDescriptor(MockTensor(_TorchDtype("float32"), shape), shape,
                               [4 * 1000 * head_dim, 1000 * head_dim, head_dim, 1], dq_block,
@@ -69,7 +69,7 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
 
 
 DEFAULT = dict(block_m=64, num_buffers=2, warpgroups=2, group_splits=1, query_splits=1, dq_writer=False,
-               dq_turns=False, dv_late=False, uneven_groups=False, head_dim_split=False)  # the family's default
+               dq_turns=False, dv_late=False, uneven_groups=False, head_dim_split=False, split_keys=False)  # the default
 # (knob changes, head_dim, dtype, causal): each way of splitting dQ (columns at d128, rows in 128-row steps at d32,
 # each warpgroup's own keys at d64 and below in 64-row steps; one warpgroup), and past d128 the warpgroups on the
 # same keys with dK's and dV's columns split (32-row steps, dQ^T); GQA groups split over programs
@@ -162,7 +162,16 @@ CASES = [({}, 128, "float16", False),
          (dict(query_splits=2, group_splits=2, uneven_groups=True), 64, "bfloat16", True),
          (dict(query_splits=4, block_m=32), 256, "bfloat16", False),
          (dict(query_splits=2, head_dim_split=True), 160, "bfloat16", True),
-         (dict(query_splits=4, dq_writer=True), 128, "float16", False)]
+         (dict(query_splits=4, dq_writer=True), 128, "float16", False),
+         # past head dim 128 the warpgroups on 32 keys each, every column (split_keys: one ring slot, 64-row steps),
+         # alone, with split groups or steps (fp32 dK and dV added), under a window and softcapping
+         (dict(split_keys=True, num_buffers=1), 256, "bfloat16", True),
+         (dict(split_keys=True, num_buffers=1), 256, "float16", False),
+         (dict(split_keys=True, num_buffers=1), 192, "bfloat16", True),
+         (dict(split_keys=True, num_buffers=1, group_splits=2), 256, "bfloat16", True),
+         (dict(split_keys=True, num_buffers=1, query_splits=2, group_splits=2, uneven_groups=True), 256, "bfloat16",
+          False),
+         (dict(split_keys=True, num_buffers=1), 256, "bfloat16", True, ["WINDOW", "SOFTCAP"])]
 
 
 def report(cases) -> list[dict]:

@@ -3,6 +3,7 @@ call): every knob point, ragged and unequal sequence lengths, causal and full, G
 and bf16, (B,S,H,D) views, the gradient of a returned lse, a plan run again, the fixed variants and mask_mods. Launched through the family's launcher
 (codegen renders it; no dispatcher: every knob point, not only those dispatch picks)."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -200,6 +201,34 @@ def test_head_dim_split_backward(head_dim, dtype, causal):
 def test_head_dim_split_backward_with_variants(case):
     """The split backward with the fixed variants (window, softcap, ALiBi: S^T's path, over both column tiles)."""
     _check_fixed_variants(BwdKnobs(head_dim_split=True), case, [(1, 4, 2, 1000, 1000, 160), (1, 2, 1, 123, 777, 192)])
+
+
+SPLIT_KEYS = BwdKnobs(block_m=64, num_buffers=1, split_keys=True)
+
+
+@pytest.mark.parametrize("head_dim", [136, 160, 192, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_keys(head_dim, dtype, causal):
+    """Past head dim 128 the two warpgroups on 32 keys each, every column of their dK and dV (split_keys, NOTES
+    114): the eight lengths of LENGTHS (odd, one-row, unequal), GQA 4:1 and MHA, the query heads over one or two
+    programs, a key block's steps over two, gradients poisoned, against the fp64 reference."""
+    changes = [{}, dict(group_splits=2), dict(query_splits=2), dict(group_splits=2, query_splits=2)]
+    for i, (seqlen_q, seqlen_k) in enumerate(LENGTHS):
+        shape = (2, 8, 2, seqlen_q, seqlen_k, head_dim) if i % 2 == 0 else (1, 4, 4, seqlen_q, seqlen_k, head_dim)
+        knobs = dataclasses.replace(SPLIT_KEYS, **changes[i % len(changes)])
+        why = violations(knobs, Problem(*shape, causal, str(dtype).removeprefix("torch.")), H100)
+        if knobs.query_splits > 1 and any("query_splits" in w for w in why):  # (one-row sequences: one step)
+            knobs = dataclasses.replace(knobs, query_splits=1)
+            why = violations(knobs, Problem(*shape, causal, str(dtype).removeprefix("torch.")), H100)
+        assert not why, why
+        assert run_variant(knobs, shape, dtype, "cuda", causal, transposed=i % 4 == 1, seed=i)
+
+
+@pytest.mark.parametrize("case", VARIANT_CASES[:2] + VARIANT_CASES[4:6] + [(True, (256, -1), 30.0, None)], ids=str)
+def test_split_keys_with_variants(case):
+    """split_keys with windows and softcapping (S's path, over a warpgroup's 32 keys)."""
+    _check_fixed_variants(SPLIT_KEYS, case, [(1, 4, 2, 1000, 1000, 256), (1, 2, 1, 123, 777, 192)])
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -187,10 +187,11 @@ def test_backward_compiles_for_sm90(compiled_bwd, index):
 @pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 80, 128, 192, 256])
 @pytest.mark.parametrize("block_m", BwdKnobs.choices()["block_m"])
 @pytest.mark.parametrize("warpgroups", BwdKnobs.choices()["warpgroups"])
-def test_backward_tiles_are_the_launchers(head_dim, block_m, warpgroups):
+@pytest.mark.parametrize("split_keys", [False, True])
+def test_backward_tiles_are_the_launchers(head_dim, block_m, warpgroups, split_keys):
     block_d, launch = max(16, 1 << (head_dim - 1).bit_length()), launcher("gluon", "bwd")
-    assert bwd_tiles(BwdKnobs(block_m=block_m, warpgroups=warpgroups), head_dim) == (
-        launch._block_n(block_d, warpgroups), launch._dkv_columns(block_d, warpgroups),
+    assert bwd_tiles(BwdKnobs(block_m=block_m, warpgroups=warpgroups, split_keys=split_keys), head_dim) == (
+        launch._block_n(block_d, warpgroups), launch._dkv_columns(block_d, warpgroups, split_keys=split_keys),
         *launch._dq_share(block_m, block_d, warpgroups))
 
 
@@ -224,6 +225,13 @@ def test_backward_cases_cover_the_defaults():
     (BwdKnobs(query_splits=2, warpgroups=1), _cross(), H100, "two warpgroups' buffers"),
     (BwdKnobs(query_splits=16), _cross(seqlen_q=500), H100, "over a key block's 8 steps leaves programs without one"),
     (BwdKnobs(query_splits=2), dataclasses.replace(_cross(), variants=frozenset({"VARLEN"})), H100, "own lists"),
+    (BwdKnobs(num_buffers=1), _problem(), H100, "one ring slot leaves the producer no lead"),
+    (BwdKnobs(split_keys=True, num_buffers=1), _problem(head_dim=128), H100, "rendered past head dim 128"),
+    (BwdKnobs(split_keys=True, num_buffers=2), _problem(head_dim=256), H100, "shared memory"),
+    (BwdKnobs(split_keys=True, num_buffers=1, block_m=32), _problem(head_dim=256), H100, "64-row steps"),
+    (BwdKnobs(split_keys=True, num_buffers=1, warpgroups=1), _problem(head_dim=256), H100, "two warpgroups"),
+    (BwdKnobs(split_keys=True, num_buffers=1, dv_late=True), _problem(head_dim=256), H100, "no head_dim_split, dq_"),
+    (BwdKnobs(split_keys=True, num_buffers=1), _problem(head_dim=256).with_variants(alibi=True), H100, "not ALIBI"),
 ])
 def test_backward_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
@@ -271,8 +279,8 @@ def test_backward_default_splits_the_head_dim_past_128_where_it_pays(head_dim, c
 
 
 def test_backward_render_without_the_split_is_the_base_commits(tmp_path):
-    """head_dim_split and query_splits off, the backward renders byte for byte as before either (G-bwd22's commit,
-    88bf1c5): 60 random knob points x the gate sets (plain, window, softcap + ALiBi, all three, packed, a mask_mod),
+    """head_dim_split, query_splits and split_keys off, the backward renders byte for byte as before them (G-bwd22's
+    commit, 88bf1c5): 60 random knob points x the gate sets (plain, window, softcap + ALiBi, all three, packed, a mask_mod),
     so its records re-key (benchmarks/rekey_records.py) instead of being tuned again. The header's knobs line aside."""
     import random
     import shutil
@@ -289,7 +297,8 @@ def test_backward_render_without_the_split_is_the_base_commits(tmp_path):
     (tmp_path / "gluon" / "attn_bwd.py.jinja").write_text(base)
     options = dict(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     envs = [jinja2.Environment(loader=jinja2.FileSystemLoader(path), **options) for path in (tmp_path, root)]
-    space = {k: v for k, v in BwdKnobs.choices().items() if k not in ("family", "head_dim_split", "query_splits")}
+    space = {k: v for k, v in BwdKnobs.choices().items()
+             if k not in ("family", "head_dim_split", "query_splits", "split_keys")}
     rng = random.Random(5)
     for _ in range(60):
         context = BwdKnobs(**{k: rng.choice(v) for k, v in space.items()}).template_context()

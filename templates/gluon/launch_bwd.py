@@ -53,22 +53,23 @@ def _block_n(block_d, warpgroups, block_d2=0):
     return 64 * warpgroups if block_d <= 128 and not block_d2 else 64
 
 
-def _dkv_columns(block_d, warpgroups, block_d2=0):
+def _dkv_columns(block_d, warpgroups, block_d2=0, split_keys=False):
     """Columns of dK and dV each consumer warpgroup owns: all of them for its own 64 keys up to head dim 128;
     past it (dK and dV of 64 keys do not fit a warpgroup's registers) the warpgroups share the program's 64 keys
-    and split the columns; with a second column tile (block_d2), the first warpgroup's: the first tile (the
-    second's: the second tile)."""
-    return block_d if block_d <= 128 or block_d2 else block_d // warpgroups
+    and split the columns, or (split_keys) split the keys and own all columns; with a second column tile
+    (block_d2), the first warpgroup's: the first tile (the second's: the second tile)."""
+    return block_d if block_d <= 128 or block_d2 or split_keys else block_d // warpgroups
 
 
 def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def _descriptor_maker(examples, block_m, block_d, warpgroups, block_d2=0):
+def _descriptor_maker(examples, block_m, block_d, warpgroups, block_d2=0, split_keys=False):
     """`make(q, k, v, dout, dk, dv, dq_sum, lse2, delta)`: TMA descriptors over tensors shaped, strided and aligned
     as `examples`, the plan's nine: q, dout in blocks of (1, 1, block_m, block_d); k, v of (1, 1, the program's
-    keys (`_block_n`), block_d); dk, dv (q's dtype, or fp32 sums) of a warpgroup's (1, 1, 64, `_dkv_columns`); the
+    keys (`_block_n`), block_d); dk, dv (q's dtype, or fp32 sums) of a warpgroup's (1, 1, 64 keys (split_keys: 64 /
+    warpgroups), `_dkv_columns`); the
     fp32 dq_sum of a warpgroup's share of dQ (`_dq_share`); lse2 and delta (`_rows`) of (1, block_m). Rows past
     seqlen and columns past head_dim read as 0 and are never written. With a second column tile (block_d2), the
     first seven again in blocks block_d2 wide (the kernel reads them from column block_d) before lse2 and delta:
@@ -78,9 +79,10 @@ def _descriptor_maker(examples, block_m, block_d, warpgroups, block_d2=0):
     tiles = [block_d, block_d2] if block_d2 else [block_d]
     blocks = []
     for width in tiles:
-        dkv, keys = _dkv_columns(width, warpgroups, block_d2), _block_n(width, warpgroups, block_d2)
+        dkv, keys = _dkv_columns(width, warpgroups, block_d2, split_keys), _block_n(width, warpgroups, block_d2)
+        own = 64 // warpgroups if split_keys and width > 128 else 64
         blocks.append([[1, 1, block_m, width], [1, 1, keys, width], [1, 1, keys, width], [1, 1, block_m, width],
-                       [1, 1, 64, dkv], [1, 1, 64, dkv], [1, 1, *_dq_share(block_m, width, warpgroups, block_d2)]])
+                       [1, 1, own, dkv], [1, 1, own, dkv], [1, 1, *_dq_share(block_m, width, warpgroups, block_d2)]])
     blocks = [block for tile in blocks for block in tile] + [[1, block_m], [1, block_m]]
     examples = (*examples[:7] * len(tiles), *examples[7:])
 
@@ -124,7 +126,7 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     dq_sum, = _sums(dq)  # (zeroed by the delta kernel)
     dkv_sum = _sums(dk, dv) if splits > 1 else (dk, dv)
     descriptors = _descriptor_maker((q, k, v, dout, *dkv_sum, dq_sum, rows, rows), knobs["block_m"], tile_d,
-                                    knobs["warpgroups"], tile_d2)
+                                    knobs["warpgroups"], tile_d2, knobs["split_keys"])
     delta_args = (out, dout, lse, lse if dlse is None else dlse, rows, rows, dq_sum, *out.stride()[:3],
                   *dout.stride()[:3], rows.stride(0), heads_q, seqlen_q)
     delta_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, ROWS=DELTA_ROWS)

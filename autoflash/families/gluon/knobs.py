@@ -62,7 +62,9 @@ class BwdKnobs(Knobs):
     block_m: int = knob(64, (32, 64, 128), "query rows of one step (the N of S^T = K Q^T's wgmma)")
     warpgroups: int = knob(2, (1, 2), "consumer warpgroups of a program, 64 keys each (past head dim 128: the "
                                       "program's 64 keys, half of dK's and dV's columns each)")
-    num_buffers: int = knob(2, (2, 3), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this one")
+    num_buffers: int = knob(2, (2, 3, 1), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this "
+                                          "one (1: split_keys only, where a second does not fit)",
+                            searched=(2, 3))  # (1 with split_keys, once searched)
     group_splits: int = knob(1, (1, 2, 4, 8), "programs sharing a KV head's group of query heads (GQA), each walking "
                                               "group / group_splits of them and adding its dK, dV into fp32 sums "
                                               "(TMA reduce-add); 1: one program sums the group in registers")
@@ -87,3 +89,9 @@ class BwdKnobs(Knobs):
                                 "it and one for the rest, instead of one padded to a power of two: 160 computes 128 + "
                                 "32 columns, not 256 (S^T and dP^T two chained wgmmas each; each warpgroup owns one "
                                 "tile's dK, dV and dQ)")
+    split_keys: bool = knob(False, (False, True),
+                            "(past head dim 128, two warpgroups) the warpgroups split the program's 64 keys, 32 each "
+                            "with all of their dK and dV columns, instead of splitting the columns: S = Q K^T and dP "
+                            "= dO V^T over a warpgroup's own keys (no product computed twice), dV^T += dO^T P and dK^T "
+                            "+= Q^T dS with the operands swapped, 64-row steps, one ring slot (NOTES 114)",
+                            searched=(False,))  # (not searched until its GPU tests have passed: NOTES 116)

@@ -37,6 +37,8 @@ def bwd_tiles(knobs: BwdKnobs, head_dim: int) -> tuple[int, int, int, int]:
     tile). The launcher's `_block_n`, `_dkv_columns` and `_dq_share` (which need no autoflash: a test holds them
     equal)."""
     d, wg, m = head_dim_pad(head_dim), knobs.warpgroups, knobs.block_m
+    if knobs.split_keys and d > 128:  # (64 // wg keys a consumer, all their columns; dQ's columns split)
+        return 64, d, m, d // wg
     if knobs.head_dim_split:
         first = launcher("common", "columns").column_tiles({"head_dim_split": True}, head_dim)[0]
         return 64, first, m, first
@@ -59,7 +61,7 @@ def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
     d, size = sum(column_tiles(knobs, problem)), problem.element_size
     block_n, _, dq_rows, dq_cols = bwd_tiles(knobs, problem.head_dim)
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
-    ds = 2 * 64 * knobs.warpgroups * knobs.block_m * size
+    ds = (3 * 64 if knobs.split_keys else 2 * 64 * knobs.warpgroups) * knobs.block_m * size  # (split_keys: P^T too)
     dq = 4 * (dq_rows * d if knobs.head_dim_split else knobs.warpgroups * dq_rows * dq_cols) * (
         2 if knobs.dq_writer else 1)
     return 2 * block_n * d * size + ring + ds + dq + MBARRIER_BYTES
@@ -71,8 +73,9 @@ def bwd_registers(knobs: BwdKnobs, problem: Problem) -> int:
     when S^T and dP^T are gone). Consumers get 240 (setmaxnreg, beside a 24-register producer warp); on sm_90
     compiles (NOTES G-bwd3) d128 in 64-row steps (232 by this count) spills a few loop scalars under triton 3.6
     (132 B), d64 in 128-row steps (248) ~850 B."""
-    dkdv = 2 * 64 * bwd_tiles(knobs, problem.head_dim)[1] // 128
-    s = 64 * knobs.block_m // 128
+    keys = 64 // knobs.warpgroups if knobs.split_keys and head_dim_pad(problem.head_dim) > 128 else 64
+    dkdv = 2 * keys * bwd_tiles(knobs, problem.head_dim)[1] // 128
+    s = keys * knobs.block_m // 128
     return dkdv + 2 * s + s // 2 + 24
 
 
@@ -227,6 +230,10 @@ def _bwd_violations(knobs: BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
         why.append("dq_turns hands no tile to the dQ writer on the steps where a warpgroup skips dQ")
     if knobs.head_dim_split:
         why += _bwd_head_dim_split_violations(knobs, problem)
+    if knobs.split_keys:
+        why += _split_keys_violations(knobs, problem)
+    elif knobs.num_buffers == 1:
+        why.append("one ring slot leaves the producer no lead: it is for split_keys, where a second does not fit")
     why += _resource_violations(bwd_shared_memory_bytes(knobs, problem), bwd_registers(knobs, problem),
                                 BWD_CONSUMER_REGISTERS, gpu)
     return why
@@ -253,6 +260,25 @@ def _bwd_head_dim_split_violations(knobs: BwdKnobs, problem: Problem) -> list[st
     if summed(knobs) and knobs.num_buffers * knobs.block_m < 128:
         why.append("head_dim_split with split groups or steps stages the first tile's fp32 dK and dV in the ring's Q "
                    "and dO tiles: num_buffers x block_m must reach 128 rows")
+    return why
+
+
+def _split_keys_violations(knobs: BwdKnobs, problem: Problem) -> list[str]:
+    """split_keys is rendered past head dim 128 for two warpgroups in 64-row steps (S's wgmma rows; a second ring
+    slot or 128-row steps do not fit shared memory), for plain problems, windows and softcapping; the dQ knobs of
+    the column split (dq_writer, dq_turns, dv_late) and head_dim_split are other kernels."""
+    why = []
+    if head_dim_pad(problem.head_dim) <= 128:
+        why.append(f"split_keys is rendered past head dim 128 (to 128 each warpgroup owns 64 keys already), not at "
+                   f"{problem.head_dim}")
+    if knobs.warpgroups != 2 or knobs.block_m != 64:
+        why.append("split_keys runs two warpgroups of 32 keys in 64-row steps")
+    if knobs.head_dim_split or knobs.dq_writer or knobs.dq_turns or knobs.dv_late:
+        why.append("split_keys has no head_dim_split, dq_writer, dq_turns or dv_late (each warpgroup adds its dQ "
+                   "columns itself, dV's wgmma after dS)")
+    other = problem.gates() & {"VARLEN", "MASK_MOD", "ALIBI"}
+    if other:
+        why.append(f"split_keys is rendered for plain problems, windows and softcapping, not {', '.join(sorted(other))}")
     return why
 
 
