@@ -632,7 +632,7 @@ short-ncu)  # NOTES 66: stall sampling by instruction of the Gluon default at d6
     ;;
 short128-ncu)  # NOTES 106, 109: the 128-token causal GQA forward (b32 h32/8 s128 d128 bf16: 0.58-0.70x plain SDPA, its
               # kernel): speed of light, memory, stalls and occupancy of the Gluon default, dispatch's choice and
-              # SDPA's kernel; then the dispatched kernel's stalls by SASS line
+              # SDPA's kernel; then one kernel's stalls by SASS line: SASS=gluon (the default), record or sdpa
     for which in gluon record sdpa; do
         limit 120 /usr/local/cuda/bin/ncu --kernel-name regex:'attn_fwd|fprop|flash' --launch-skip 3 --launch-count 1 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
@@ -641,10 +641,11 @@ short128-ncu)  # NOTES 106, 109: the 128-token causal GQA forward (b32 h32/8 s12
         echo "$which rc $?"; grep -E '"(Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block)"' "$out/ncu_s128_$which.csv" | cut -c1-200
         gzip -f "$out/ncu_s128_$which.csv"
     done
-    limit 150 /usr/local/cuda/bin/ncu --kernel-name regex:'attn_fwd' --launch-skip 3 --launch-count 1 \
+    sass=${SASS:-gluon}
+    limit 150 /usr/local/cuda/bin/ncu --kernel-name regex:'attn_fwd|fprop|flash' --launch-skip 3 --launch-count 1 \
         --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
-        python benchmarks/short_causal_ncu.py record 128 128 32 32 8 bfloat16 > "$out/ncu_s128_sass_record.csv" 2>&1
-    echo "sass rc $?"; gzip -f "$out/ncu_s128_sass_record.csv"
+        python benchmarks/short_causal_ncu.py "$sass" 128 128 32 32 8 bfloat16 > "$out/ncu_s128_sass_$sass.csv" 2>&1
+    echo "sass rc $?"; gzip -f "$out/ncu_s128_sass_$sass.csv"
     ;;
 ring)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
