@@ -61,7 +61,7 @@ def bwd_shared_memory_bytes(knobs: BwdKnobs, problem: Problem) -> int:
     d, size = sum(column_tiles(knobs, problem)), problem.element_size
     block_n, _, dq_rows, dq_cols = bwd_tiles(knobs, problem.head_dim)
     ring = knobs.num_buffers * knobs.block_m * (2 * d * size + 2 * 4)
-    ds = (3 * 64 if knobs.split_keys else 2 * 64 * knobs.warpgroups) * knobs.block_m * size  # (split_keys: P^T too)
+    ds = (3 * 64 if knobs.split_keys else 2 * 64 * knobs.warpgroups) * knobs.block_m * size  # (split_keys: P too)
     dq = 4 * (dq_rows * d if knobs.head_dim_split else knobs.warpgroups * dq_rows * dq_cols) * (
         2 if knobs.dq_writer else 1)
     return 2 * block_n * d * size + ring + ds + dq + MBARRIER_BYTES
