@@ -60,7 +60,7 @@ def clear_failed_capture(device) -> None:
     with torch.cuda.device(device):
         scratch = torch.zeros(1, device=device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # (as `_captured`'s: other threads run on)
             scratch.add_(1.0)
         del graph
 
@@ -113,7 +113,8 @@ class Replayed:
         try:
             graph = self._captured(tensors, stream)
         except RuntimeError:  # (a launch that cannot be captured: the plan runs as it is from now on)
-            clear_failed_capture(device)
+            with _capturing:
+                clear_failed_capture(device)
             with _lock:
                 COUNTS["capture_failed"] += 1
             self.capturing = False
