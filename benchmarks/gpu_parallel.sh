@@ -3,10 +3,10 @@
 # device time counts the machine's wall time, not its GPUs (NOTES 111: four jobs of one call on nvidia-h200-x4).
 #   . .device/setup.sh && bash benchmarks/gpu_parallel.sh $OUT SECONDS JOB [JOB ...]
 # JOB is a command line, run by bash with $out set to its own folder; a job that starts with @GPUS runs on those
-# (`@1,2,3 bash benchmarks/gpu_suite.sh $out 520`), the others each on the next GPU that no @GPUS names. A job sees only its GPUs (CUDA_VISIBLE_DEVICES) and
-# cores (taskset: GPU g of N owns cores g*C/N up to (g+1)*C/N), and is stopped after SECONDS, its GPUs' processes
-# with it. Each job's output goes to $out/job.log; everything comes back as $OUT/parallel.tgz (the device tool
-# returns at most 8 files), and the tail of each job's log is printed.
+# (`@1,2,3 bash benchmarks/gpu_suite.sh $out 520`), the others each on the next GPU that no @GPUS names. A job sees
+# only its GPUs (CUDA_VISIBLE_DEVICES) and cores (taskset: GPU g of N owns cores g*C/N up to (g+1)*C/N), and is
+# stopped after SECONDS, its GPUs' processes with it. Each job's output goes to $out/job.log; everything comes back
+# as $OUT/parallel.tgz (the device tool returns at most 8 files), and the tail of each job's log is printed.
 #   bash benchmarks/gpu_parallel.sh $OUT 540 '@1,2,3 WORKERS=42 bash benchmarks/gpu_suite.sh $out 520' \
 #       'bash benchmarks/gpu_next.sh holdout $out'
 set -u

@@ -280,8 +280,9 @@ def test_backward_default_splits_the_head_dim_past_128_where_it_pays(head_dim, c
 
 def test_backward_render_without_the_split_is_the_base_commits(tmp_path):
     """head_dim_split, query_splits and split_keys off, the backward renders byte for byte as before them (G-bwd22's
-    commit, 88bf1c5): 60 random knob points x the gate sets (plain, window, softcap + ALiBi, all three, packed, a mask_mod),
-    so its records re-key (benchmarks/rekey_records.py) instead of being tuned again. The header's knobs line aside."""
+    commit, 88bf1c5): 60 random knob points x the gate sets (plain, window, softcap + ALiBi, all three, packed, a
+    mask_mod), so its records re-key (benchmarks/rekey_records.py) instead of being tuned again. The header's knobs
+    line aside."""
     import random
     import shutil
 

@@ -72,8 +72,9 @@ def _descriptor_maker(examples, block_m, block_d, warpgroups, block_d2=0, split_
     split_keys past 128 columns 64 / warpgroups, `_dkv_columns`); the fp32 dq_sum of a warpgroup's share of dQ
     (`_dq_share`); lse2 and delta (`_rows`) of (1, block_m). Rows past seqlen and columns past head_dim read as 0
     and are never written. With a second column tile (block_d2), the first seven again in blocks block_d2 wide (the
-    kernel reads them from column block_d) before lse2 and delta: sixteen. Each is built (and checked) once here; a call gets copies over its own tensors (`tma.copies_over`;
-    NOTES G-bwd11, G-bwd14). (The examples may stop after dq_sum: packed sequences read lse2 and delta without.)"""
+    kernel reads them from column block_d) before lse2 and delta: sixteen. Each is built (and checked) once here; a
+    call gets copies over its own tensors (`tma.copies_over`; NOTES G-bwd11, G-bwd14). (The examples may stop after
+    dq_sum: packed sequences read lse2 and delta without.)"""
     q = examples[0]
     tiles = [block_d, block_d2] if block_d2 else [block_d]
     blocks = []

@@ -278,7 +278,8 @@ def _split_keys_violations(knobs: BwdKnobs, problem: Problem) -> list[str]:
                    "columns itself, dV's wgmma after dS)")
     other = problem.gates() & {"VARLEN", "MASK_MOD", "ALIBI"}
     if other:
-        why.append(f"split_keys is rendered for plain problems, windows and softcapping, not {', '.join(sorted(other))}")
+        why.append("split_keys is rendered for plain problems, windows and softcapping, not "
+                   + ", ".join(sorted(other)))
     return why
 
 
