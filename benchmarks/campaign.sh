@@ -19,7 +19,7 @@ set -uo pipefail
 out=$1 seconds=${2:-540} trials=${3:-4}
 mkdir -p "$out"
 family=$(python -c "from autoflash.gpu import current; print(current().family)")
-db=tuning_db/$family.db work=/tmp/campaign_$family.db
+db=tuning_db/$family.db work=/tmp/campaign_${family}_$$.db  # (one per run: two jobs of gpu_parallel.sh may tune)
 rm -f "$work" && { [ -f "$db" ] && [ -z "${FRESH:-}" ] && cp "$db" "$work" || true; }
 warm=()
 for other in tuning_db/*.db; do [ "$other" != "$db" ] || [ -n "${FRESH:-}" ] && warm+=(--warm-from "$other"); done
