@@ -6,6 +6,9 @@ database is under --below-ms, written as `<out-dir>/<direction>.yaml` for `FRESH
 (ENTRIES="<out-dir>/fwd.yaml:fwd <out-dir>/bwd.yaml:bwd"). Recorded trials only, no GPU:
 
     python benchmarks/short_problems.py --db tuning_db/h100.db --gpu h100 --out-dir /tmp/retime [files ...]
+
+With --head-dim-above (and --below-ms inf) it writes the problems a new variant of those head dims should be timed
+on instead: the problems past head dim 192 once split_keys is the default there (NOTES 117).
 """
 
 import argparse
@@ -24,11 +27,13 @@ FILES = ["examples/campaign/*.yaml", "examples/fa_grid.yaml", "examples/fa_grid_
          "examples/small_batch.yaml", "examples/odd_shapes.yaml", "examples/bwd_spread.yaml"]
 
 
-def short_problems(files: list[str], db: str, gpu: str, direction: str, below_ms: float) -> list[dict]:
-    """Problems files' plain problems (no variant, packed sequence or cache) tuned faster than below_ms, once each."""
+def short_problems(files: list[str], db: str, gpu: str, direction: str, below_ms: float,
+                   head_dim_above: int = 0) -> list[dict]:
+    """Problems files' plain problems (no variant, packed sequence or cache) tuned faster than below_ms, past head
+    dim head_dim_above, once each."""
     best = {problem: min(times.values()) for problem, times in timed(db, gpu, direction).items()}
-    problems = dict.fromkeys(p for f in files for p in load_problems(f)
-                             if not p.gates() and p in best and best[p] < below_ms)
+    problems = dict.fromkeys(p for f in files for p in load_problems(f) if not p.gates() and p in best
+                             and best[p] < below_ms and p.head_dim > head_dim_above)
     return [dict(batch=p.batch, heads_q=p.heads_q, heads_kv=p.heads_kv, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
                  head_dim=p.head_dim, causal=p.causal, dtype=p.dtype) for p in problems]
 
@@ -39,15 +44,17 @@ def main():
     parser.add_argument("--gpu", required=True, help="GPU family, e.g. h100")
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--below-ms", type=float, default=0.2)
+    parser.add_argument("--head-dim-above", type=int, default=0)
     parser.add_argument("files", nargs="*", help="problems files [default: the campaign's and the examples']")
     args = parser.parse_args()
     files = sorted(f for pattern in (args.files or FILES) for f in glob.glob(pattern))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for direction in ("fwd", "bwd"):
-        problems = short_problems(files, args.db, args.gpu, direction, args.below_ms)
+        problems = short_problems(files, args.db, args.gpu, direction, args.below_ms, args.head_dim_above)
         (out / f"{direction}.yaml").write_text(
-            f"# {args.gpu} {direction} problems tuned under {args.below_ms} ms in {args.db}: to retime (NOTES 112)\n"
+            f"# {args.gpu} {direction} problems past head dim {args.head_dim_above} tuned under {args.below_ms} ms in "
+            f"{args.db}: to retime (NOTES 112, 117)\n"
             + yaml.safe_dump({"problems": problems}, default_flow_style=None, sort_keys=False))
         print(f"{direction}: {len(problems)} problems -> {out / f'{direction}.yaml'}")
 

@@ -28,3 +28,5 @@ def test_only_problems_tuned_under_the_bound_are_kept(tmp_path):
                          dtype="float16")]
     assert short_problems([str(shapes)], db, "h100", "bwd", 0.2) == []  # (no backward trial)
     assert short_problems([str(shapes)], db, "h200", "fwd", 0.2) == []  # (another GPU's records)
+    assert short_problems([str(shapes)], db, "h100", "fwd", float("inf"), head_dim_above=64) == []
+    assert len(short_problems([str(shapes)], db, "h100", "fwd", float("inf"), head_dim_above=32)) == 2

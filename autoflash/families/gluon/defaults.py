@@ -23,8 +23,10 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
     no tile_overlap (NOTES G16: +4-40%; G17). None where the family cannot run the problem. The backward (every
     untuned backward's default where it runs: autoflash.families.default_order): two consumer warpgroups, 64-row
-    steps (32 past head dim 128, where shared memory holds no more), two ring slots (NOTES G-bwd3, G-bwd6); under GQA with causal masking
-    (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past it (NOTES
+    steps, two ring slots (NOTES G-bwd3, G-bwd6); past head dim 128 two column tiles where head_dim_split runs,
+    else the warpgroups' own 32 keys with one ring slot (split_keys, NOTES 117), else 32-row steps; under GQA with
+    causal masking (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past
+    it (NOTES
     G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
     unsplit, full 0.94-1.02x, decode 0.32-0.70x: NOTES 59); groups of 16 or more from 512 queries, 8 programs past
     head dim 64 (NOTES 98), and at head dim 64 from 1k to 8k queries 8 with three ring slots (NOTES 102). Splits
@@ -54,9 +56,12 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
                            num_buffers=3 if eight else 2, dq_turns=turns, dv_late=late and not eight)
         # (past head dim 128 where the split pays: two column tiles in 64-row steps, which the padded tile's shared
-        # memory does not hold; NOTES G-bwd23)
+        # memory does not hold; NOTES G-bwd23. Where it does not (200-256 columns) the warpgroups split the keys,
+        # 32 each with all their columns, in 64-row steps: 1.06-1.21x the 32-row steps on the H200, NOTES 117)
         split = d > 128 and split_pays(problem)
-        knobs = replace(unsplit, block_m=64, head_dim_split=True) if split else unsplit
+        keys = d > 128 and not split
+        knobs = (replace(unsplit, block_m=64, head_dim_split=True) if split
+                 else replace(unsplit, block_m=64, num_buffers=1, split_keys=True) if keys else unsplit)
         candidates = tuple(occupied(k, problem, gpu) for k in (
             knobs, replace(knobs, group_splits=1, uneven_groups=False), unsplit,
             replace(unsplit, group_splits=1, uneven_groups=False),

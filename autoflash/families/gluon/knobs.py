@@ -63,8 +63,7 @@ class BwdKnobs(Knobs):
     warpgroups: int = knob(2, (1, 2), "consumer warpgroups of a program, 64 keys each (past head dim 128: the "
                                       "program's 64 keys, half of dK's and dV's columns each)")
     num_buffers: int = knob(2, (2, 3, 1), "slots of the Q/dO/lse/delta ring: the next steps' tiles load under this "
-                                          "one (1: split_keys only, where a second does not fit)",
-                            searched=(2, 3))  # (1 with split_keys, once searched)
+                                          "one (1: split_keys only, where a second does not fit)")
     group_splits: int = knob(1, (1, 2, 4, 8), "programs sharing a KV head's group of query heads (GQA), each walking "
                                               "group / group_splits of them and adding its dK, dV into fp32 sums "
                                               "(TMA reduce-add); 1: one program sums the group in registers")
@@ -93,5 +92,4 @@ class BwdKnobs(Knobs):
                             "(past head dim 128, two warpgroups) the warpgroups split the program's 64 keys, 32 each "
                             "with all of their dK and dV columns, instead of splitting the columns: S = Q K^T and dP "
                             "= dO V^T over a warpgroup's own keys (no product computed twice), dV^T += dO^T P and dK^T "
-                            "+= Q^T dS with the operands swapped, 64-row steps, one ring slot (NOTES 114)",
-                            searched=(False,))  # (not searched until its GPU tests have passed: NOTES 116)
+                            "+= Q^T dS with the operands swapped, 64-row steps, one ring slot (NOTES 114)")
