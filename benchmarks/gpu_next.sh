@@ -35,6 +35,8 @@
 #       NOTES G-bwd21): its GPU tests (~200 s), then default vs dv_late on the fp16 grid's 12 d128 cells (~320 s)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh split-keys $OUT  # past head dim 128 the warpgroups on 32 keys
 #                                                                       each: its GPU tests, then speed (NOTES 116)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh split-keys-tiles $OUT  # the same over two column tiles, to
+#                                                                       head dim 192: tests, then speed (NOTES 118)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
@@ -273,6 +275,21 @@ split-keys)  # NOTES 116: split_keys' GPU tests, then beside the default past he
             >> "$out/${day}_${gpu}_gluon_bwd_split_keys.log" 2>&1
         echo "split_keys $bench bench rc $?"
     done
+    python benchmarks/knob_ratio.py "$rows" split_keys
+    ;;
+split-keys-tiles)  # NOTES 118: split_keys over two column tiles, its GPU tests, then beside the default and split_keys
+                  # over the padded tile at d160/d192 (the wide bench), the gate lifted for the bench alone
+    limit 240 python -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_gluon_bwd.py \
+        -k "test_split_keys_over_column_tiles or test_split_keys_with_variants" \
+        > "$out/${day}_${gpu}_gpu_tests_split_keys_tiles.log" 2>&1
+    echo "split_keys tiles tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_split_keys_tiles.log"
+    rows="$out/${day}_${gpu}_gluon_bwd_split_keys_tiles.jsonl"
+    AUTOFLASH_SPLIT_KEYS_TILES=1 limit 240 python benchmarks/gluon_bwd.py --bench wide --out "$rows" --variants \
+        '["default", {"split_keys": true, "head_dim_split": true, "num_buffers": 2, "block_m": 64},
+          {"split_keys": true, "head_dim_split": true, "num_buffers": 1, "block_m": 64},
+          {"split_keys": true, "num_buffers": 1, "block_m": 64, "head_dim_split": false}]' \
+        > "$out/${day}_${gpu}_gluon_bwd_split_keys_tiles.log" 2>&1
+    echo "split_keys tiles bench rc $?"
     python benchmarks/knob_ratio.py "$rows" split_keys
     ;;
 gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much

@@ -1,7 +1,6 @@
 """Render the Gluon backward and compile it for sm_90 without a GPU (as gluon_sm90.py does the forward; runs under
 the GPU machine's triton too: `python tests/gluon_bwd_sm90.py` prints one line per variant)."""
 
-import importlib.util
 import json
 import sys
 import tempfile
@@ -11,7 +10,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import MockTensor
 
-from gluon_sm90 import TEMPLATES, _TorchDtype, compile_kernel, descriptor, load, ptxas_report
+from gluon_sm90 import _TorchDtype, compile_kernel, descriptor, load, ptxas_report
 
 from autoflash.resources import launcher
 
@@ -19,12 +18,8 @@ TEMPLATE = "gluon/attn_bwd.py.jinja"
 
 
 def _launcher():
-    """templates/gluon/launch_bwd.py, whose rules (dQ's split) the kernel's arguments follow."""
-    path = TEMPLATES / "gluon" / "launch_bwd.py"
-    spec = importlib.util.spec_from_file_location("gluon_launch_bwd", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """templates/gluon/launch_bwd.py, whose rules (column tiles, dQ's split) the kernel's arguments follow."""
+    return launcher("gluon", "bwd")
 
 
 def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", causal: bool = False, variants=(),
@@ -33,8 +28,8 @@ def compile_bwd_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16",
     for sm_90 (triton's CompiledKernel)."""
     captures = 1 if mask_mod == "documents" else 0
     row = 2 * (16 + 1)  # (the block table's row: 1000 queries in up to 16 blocks)
-    block_d, block_d2 = launcher("common", "columns").column_tiles(knobs, head_dim)  # (as the launcher splits)
     launch, wg, shape = _launcher(), knobs["warpgroups"], [2, 4, 1000, head_dim]
+    block_d, block_d2 = launch._column_tiles(knobs, head_dim)  # (as the launcher splits)
     tiles = []
     for width in (block_d, block_d2) if block_d2 else (block_d,):  # (the second column tile's seven again)
         q, kv = (descriptor(rows, head_dim, dtype, width) for rows in (knobs["block_m"],
@@ -171,7 +166,13 @@ CASES = [({}, 128, "float16", False),
          (dict(split_keys=True, num_buffers=1, group_splits=2), 256, "bfloat16", True),
          (dict(split_keys=True, num_buffers=1, query_splits=2, group_splits=2, uneven_groups=True), 256, "bfloat16",
           False),
-         (dict(split_keys=True, num_buffers=1), 256, "bfloat16", True, ["WINDOW", "SOFTCAP"])]
+         (dict(split_keys=True, num_buffers=1), 256, "bfloat16", True, ["WINDOW", "SOFTCAP"]),
+         # ... over two column tiles (128 + 64) to head dim 192 (NOTES 118): two ring slots fit
+         (dict(split_keys=True, head_dim_split=True), 192, "bfloat16", True),
+         (dict(split_keys=True, head_dim_split=True, num_buffers=1), 192, "float16", False),
+         (dict(split_keys=True, head_dim_split=True), 160, "bfloat16", False),
+         (dict(split_keys=True, head_dim_split=True, group_splits=2), 192, "bfloat16", True),
+         (dict(split_keys=True, head_dim_split=True), 160, "bfloat16", True, ["WINDOW", "SOFTCAP"])]
 
 
 def report(cases) -> list[dict]:

@@ -11,6 +11,7 @@ import torch
 
 from autoflash import checks, codegen
 from autoflash.families.gluon.defaults import default_knobs
+from autoflash.families.gluon import limits
 from autoflash.families.gluon.knobs import BwdKnobs
 from autoflash.families.gluon.limits import violations
 from autoflash.gpu import KNOWN, current
@@ -204,6 +205,7 @@ def test_head_dim_split_backward_with_variants(case):
 
 
 SPLIT_KEYS = BwdKnobs(block_m=64, num_buffers=1, split_keys=True)
+SPLIT_KEYS_TILES = BwdKnobs(block_m=64, split_keys=True, head_dim_split=True)  # (two ring slots)
 
 
 @pytest.mark.parametrize("head_dim", [136, 160, 192, 256])
@@ -211,14 +213,29 @@ SPLIT_KEYS = BwdKnobs(block_m=64, num_buffers=1, split_keys=True)
 @pytest.mark.parametrize("causal", [False, True])
 def test_split_keys(head_dim, dtype, causal):
     """Past head dim 128 the two warpgroups on 32 keys each, every column of their dK and dV (split_keys, NOTES
-    114): the eight lengths of LENGTHS (odd, one-row, unequal), GQA 4:1 and MHA, the query heads over one or two
+    114)."""
+    _check_split_keys(SPLIT_KEYS, head_dim, dtype, causal)
+
+
+@pytest.mark.parametrize("head_dim", [136, 160, 192])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_buffers", [1, 2])
+def test_split_keys_over_column_tiles(head_dim, dtype, causal, num_buffers, monkeypatch):
+    """split_keys with the columns in two tiles, 128 and 64 (NOTES 118), one or two ring slots."""
+    monkeypatch.setattr(limits, "SPLIT_KEYS_OVER_COLUMN_TILES", True)
+    _check_split_keys(dataclasses.replace(SPLIT_KEYS_TILES, num_buffers=num_buffers), head_dim, dtype, causal)
+
+
+def _check_split_keys(base, head_dim, dtype, causal):
+    """The eight lengths of LENGTHS (odd, one-row, unequal), GQA 4:1 and MHA, the query heads over one or two
     programs, a key block's steps over two, gradients poisoned, against the fp64 reference."""
     changes = [{}, dict(group_splits=2), dict(query_splits=2), dict(group_splits=2, query_splits=2)]
     for i, (seqlen_q, seqlen_k) in enumerate(LENGTHS):
         change = changes[i % len(changes)]  # (MHA at the fifth and seventh lengths: split groups need GQA)
         gqa = "group_splits" in change or i < len(changes)
         shape = (2, 8, 2, seqlen_q, seqlen_k, head_dim) if gqa else (1, 4, 4, seqlen_q, seqlen_k, head_dim)
-        knobs = dataclasses.replace(SPLIT_KEYS, **change)
+        knobs = dataclasses.replace(base, **change)
         why = violations(knobs, Problem(*shape, causal, str(dtype).removeprefix("torch.")), H100)
         if knobs.query_splits > 1 and any("query_splits" in w for w in why):  # (one-row sequences: one step)
             knobs = dataclasses.replace(knobs, query_splits=1)
@@ -228,9 +245,12 @@ def test_split_keys(head_dim, dtype, causal):
 
 
 @pytest.mark.parametrize("case", VARIANT_CASES[:2] + VARIANT_CASES[4:6] + [(True, (256, -1), 30.0, None)], ids=str)
-def test_split_keys_with_variants(case):
-    """split_keys with windows and softcapping (S's path, over a warpgroup's 32 keys)."""
+def test_split_keys_with_variants(case, monkeypatch):
+    """split_keys with windows and softcapping (S's path, over a warpgroup's 32 keys), over one padded tile and two
+    column tiles."""
+    monkeypatch.setattr(limits, "SPLIT_KEYS_OVER_COLUMN_TILES", True)
     _check_fixed_variants(SPLIT_KEYS, case, [(1, 4, 2, 1000, 1000, 256), (1, 2, 1, 123, 777, 192)])
+    _check_fixed_variants(SPLIT_KEYS_TILES, case, [(1, 4, 2, 1000, 1000, 192), (1, 2, 1, 123, 777, 160)])
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -61,6 +61,13 @@ def _dkv_columns(block_d, warpgroups, block_d2=0, split_keys=False):
     return block_d if block_d <= 128 or block_d2 or split_keys else block_d // warpgroups
 
 
+def _column_tiles(knobs, head_dim):
+    """The main kernel's column tiles (`columns.column_tiles`), the second at least 64 columns with split_keys:
+    there its dK^T and dV^T are wgmma's M (NOTES 118)."""
+    block_d, block_d2 = columns.column_tiles(knobs, head_dim)
+    return block_d, max(block_d2, 64) if knobs.get("split_keys") and block_d2 else block_d2
+
+
 def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
@@ -80,7 +87,7 @@ def _descriptor_maker(examples, block_m, block_d, warpgroups, block_d2=0, split_
     blocks = []
     for width in tiles:
         dkv, keys = _dkv_columns(width, warpgroups, block_d2, split_keys), _block_n(width, warpgroups, block_d2)
-        own = 64 // warpgroups if split_keys and width > 128 else 64
+        own = 64 // warpgroups if split_keys and (width > 128 or block_d2) else 64
         blocks.append([[1, 1, block_m, width], [1, 1, keys, width], [1, 1, keys, width], [1, 1, block_m, width],
                        [1, 1, own, dkv], [1, 1, own, dkv], [1, 1, *_dq_share(block_m, width, warpgroups, block_d2)]])
     blocks = [block for tile in blocks for block in tile] + [[1, block_m], [1, block_m]]
@@ -120,7 +127,7 @@ def backward_plan(kernels, knobs, q, k, v, out, lse, dout, dq, dk, dv, softmax_s
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))  # (the delta kernel's, masked to head_dim)
-    tile_d, tile_d2 = columns.column_tiles(knobs, head_dim)  # (the main kernel's column tiles)
+    tile_d, tile_d2 = _column_tiles(knobs, head_dim)
     splits = knobs["group_splits"] * knobs["query_splits"]  # programs adding into one key block's dK and dV
     rows = _rows(q)  # (example tensors: each call allocates its own)
     dq_sum, = _sums(dq)  # (zeroed by the delta kernel)

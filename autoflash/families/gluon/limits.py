@@ -1,6 +1,8 @@
 """What a `gluon` variant cannot run (`violations`: Hopper and Gluon, shared memory, registers, the knobs' own
 constraints) and the resource models behind it."""
 
+import os
+
 from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
 from autoflash.knobs import MAX_GRID_Y, cdiv, head_dim_pad
@@ -15,8 +17,12 @@ MBARRIER_BYTES = 1024  # the barriers and the compiler's scratch, rounded up (me
 def column_tiles(knobs: FwdKnobs | BwdKnobs, problem: Problem) -> tuple[int, ...]:
     """Widths of the column tiles Q, K, V and O span, as the launcher splits them (templates/common/launch_columns.py):
     the head dim padded to a power of two, or with head_dim_split the largest power of two below it and the rest
-    padded."""
-    columns = launcher("common", "columns").column_tiles({"head_dim_split": knobs.head_dim_split}, problem.head_dim)
+    padded (the backward's second tile at least 64 columns with split_keys: templates/gluon/launch_bwd.py)."""
+    point = {"head_dim_split": knobs.head_dim_split}
+    if knobs.DIRECTION == "bwd":
+        columns = launcher("gluon", "bwd")._column_tiles({**point, "split_keys": knobs.split_keys}, problem.head_dim)
+    else:
+        columns = launcher("common", "columns").column_tiles(point, problem.head_dim)
     return tuple(w for w in columns if w)
 
 
@@ -37,11 +43,13 @@ def bwd_tiles(knobs: BwdKnobs, head_dim: int) -> tuple[int, int, int, int]:
     tile). The launcher's `_block_n`, `_dkv_columns` and `_dq_share` (which need no autoflash: a test holds them
     equal)."""
     d, wg, m = head_dim_pad(head_dim), knobs.warpgroups, knobs.block_m
+    if knobs.head_dim_split:
+        tiles = launcher("gluon", "bwd")._column_tiles({"head_dim_split": True, "split_keys": knobs.split_keys},
+                                                         head_dim)
+        # (split_keys: 64 // wg keys a consumer, both tiles' columns; dQ's a tile a warpgroup, the first's here)
+        return 64, sum(tiles) if knobs.split_keys and d > 128 else tiles[0], m, tiles[0]
     if knobs.split_keys and d > 128:  # (64 // wg keys a consumer, all their columns; dQ's columns split)
         return 64, d, m, d // wg
-    if knobs.head_dim_split:
-        first = launcher("common", "columns").column_tiles({"head_dim_split": True}, head_dim)[0]
-        return 64, first, m, first
     block_n, dkv = (64 * wg, d) if d <= 128 else (64, d // wg)
     if d % (64 * wg) == 0:
         dq = (m, d // wg)
@@ -257,25 +265,34 @@ def _bwd_head_dim_split_violations(knobs: BwdKnobs, problem: Problem) -> list[st
         why.append("head_dim_split: each warpgroup adds its column tile's dQ itself (no dQ writer)")
     if knobs.block_m < 64 and tiles[-1] < 64:
         why.append(f"head_dim_split: dQ^T of 32-row steps needs 64 rows of the second tile, it has {tiles[-1]}")
-    if summed(knobs) and knobs.num_buffers * knobs.block_m < 128:
+    if summed(knobs) and knobs.num_buffers * knobs.block_m < 128 and not knobs.split_keys:
         why.append("head_dim_split with split groups or steps stages the first tile's fp32 dK and dV in the ring's Q "
                    "and dO tiles: num_buffers x block_m must reach 128 rows")
     return why
 
 
+# split_keys over two column tiles (NOTES 118) is compiled for sm_90 but has not run on a GPU: refused (so neither
+# searched nor dispatched) until its GPU tests have passed; they lift this, and AUTOFLASH_SPLIT_KEYS_TILES=1 lifts it
+# for a bench (benchmarks/gpu_next.sh split-keys-tiles).
+SPLIT_KEYS_OVER_COLUMN_TILES = os.environ.get("AUTOFLASH_SPLIT_KEYS_TILES") == "1"
+
+
 def _split_keys_violations(knobs: BwdKnobs, problem: Problem) -> list[str]:
-    """split_keys is rendered past head dim 128 for two warpgroups in 64-row steps (S's wgmma rows; a second ring
-    slot or 128-row steps do not fit shared memory), for plain problems, windows and softcapping; the dQ knobs of
-    the column split (dq_writer, dq_turns, dv_late) and head_dim_split are other kernels."""
+    """split_keys is rendered past head dim 128 for two warpgroups in 64-row steps (S's wgmma rows; 128-row steps
+    do not fit shared memory), over one padded tile or two column tiles (head_dim_split, NOTES 118), for plain
+    problems, windows and softcapping; the dQ knobs of the column split (dq_writer, dq_turns, dv_late) are other
+    kernels."""
     why = []
     if head_dim_pad(problem.head_dim) <= 128:
         why.append(f"split_keys is rendered past head dim 128 (to 128 each warpgroup owns 64 keys already), not at "
                    f"{problem.head_dim}")
     if knobs.warpgroups != 2 or knobs.block_m != 64:
         why.append("split_keys runs two warpgroups of 32 keys in 64-row steps")
-    if knobs.head_dim_split or knobs.dq_writer or knobs.dq_turns or knobs.dv_late:
-        why.append("split_keys has no head_dim_split, dq_writer, dq_turns or dv_late (each warpgroup adds its dQ "
-                   "columns itself, dV's wgmma after dS)")
+    if knobs.head_dim_split and not SPLIT_KEYS_OVER_COLUMN_TILES:
+        why.append("split_keys over two column tiles (head_dim_split) awaits its GPU tests (NOTES 118)")
+    if knobs.dq_writer or knobs.dq_turns or knobs.dv_late:
+        why.append("split_keys has no dq_writer, dq_turns or dv_late (each warpgroup adds its dQ columns itself, "
+                   "dV's wgmma after dS)")
     other = problem.gates() & {"VARLEN", "MASK_MOD", "ALIBI"}
     if other:
         why.append("split_keys is rendered for plain problems, windows and softcapping, not "
