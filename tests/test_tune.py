@@ -220,6 +220,20 @@ def test_a_complete_study_is_reported_without_building_its_space(tmp_path, monke
     assert sum(built) == 1 and store.count_trials() == 4 and more.trials == 4
 
 
+def test_a_record_from_before_a_knob_existed_is_the_same_variant(tmp_path):
+    """A trial recorded before a knob was added (its JSON lacks the field) names the kernel of the knob's default:
+    `finished` reports it under this version's JSON and `claim` never hands it out again, so it is not timed
+    twice."""
+    store = Store(f"sqlite:///{tmp_path / 'old_knobs.db'}")
+    knobs, fingerprint = FwdKnobs(), codegen.template_fingerprint("tl")
+    old = json.loads(knobs.to_json())
+    del old["head_dim_split"]  # (a later knob, at its default)
+    store.record_trial(INTERPRETER, TINY, json.dumps(old, sort_keys=True), fingerprint, "ok", 1.0)
+    assert list(store.finished("interpreter", TINY, fingerprint)) == [knobs.to_json()]
+    other = FwdKnobs(num_warps=2 if knobs.num_warps != 2 else 4).to_json()
+    assert store.claim(INTERPRETER, TINY, fingerprint, "fwd", [knobs.to_json(), other], 10) == ([other], [])
+
+
 def test_a_trial_another_process_finished_first_is_left_as_told(tmp_path):
     """On SQLite two tuners sharing a database can pop the same warm-start trial (no row lock): both evaluate it,
     the first tells it, and the second must not die telling it again (the campaign's gpu 2 did: session 23)."""

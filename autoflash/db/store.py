@@ -24,6 +24,7 @@ from sqlalchemy import (URL, Integer, case, create_engine, delete, event, func, 
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import Session, undefer
 
+from autoflash import families
 from autoflash._version import __version__
 from autoflash.db.base import (DB_HINT, SCHEMA_STEPS, SCHEMA_VERSION, BestTrial, SchemaMismatch, StoreError, Trial,
                                best_per_problem, cannot_open, connect_readonly, missing_driver, no_tables,
@@ -87,6 +88,16 @@ def _store_errors(method):
         except (SQLAlchemyError, sqlite3.Error, OSError) as e:
             raise cannot_open(self.url, e) from e
     return wrapper
+
+
+def _current_json(direction: str, knobs: str) -> str:
+    """A variant's knobs JSON as this version writes it: a record from before a knob existed lacks its field, and
+    names the same kernel as the JSON with its default (a new knob's off position renders the old source, or the
+    fingerprint moves), so the tuner never times it twice; as stored where it does not parse."""
+    try:
+        return families.knobs_from_json(direction, knobs).to_json()
+    except (ValueError, TypeError):
+        return knobs
 
 
 class Store:
@@ -247,8 +258,9 @@ class Store:
             s.commit()
         with Session(self.engine) as s:
             _lock(s, problem_id)
-            timed = set(s.scalars(self._trials(gpu.family, fingerprint, direction, VariantRow.knobs)
-                                  .where(ProblemRow.id == problem_id, TrialRow.status != "no_valid_variant")))
+            timed = {_current_json(direction, k) for k in s.scalars(
+                self._trials(gpu.family, fingerprint, direction, VariantRow.knobs)
+                .where(ProblemRow.id == problem_id, TrialRow.status != "no_valid_variant"))}
             claims = s.execute(select(ClaimRow.id, VariantRow.knobs, ClaimRow.host, ClaimRow.pid, ClaimRow.created_at)
                                .join(VariantRow, VariantRow.id == ClaimRow.variant_id)
                                .where(ClaimRow.gpu_family == gpu.family, ClaimRow.problem_id == problem_id,
@@ -256,7 +268,7 @@ class Store:
             abandoned = [c.id for c in claims if _abandoned(c.host, c.pid, c.created_at)]
             if abandoned:
                 s.execute(delete(ClaimRow).where(ClaimRow.id.in_(abandoned)))
-            taken = timed | {c.knobs for c in claims if c.id not in abandoned}
+            taken = timed | {_current_json(direction, c.knobs) for c in claims if c.id not in abandoned}
             mine = [k for k in variants if k not in taken][:max(0, limit - len(taken))]
             s.add_all(ClaimRow(gpu_family=gpu.family, problem_id=problem_id, variant_id=variants[k], host=_host(),
                                pid=os.getpid(), created_at=_now()) for k in mine)
@@ -384,7 +396,8 @@ class Store:
             rows = s.execute(self._trials(family, fingerprint, direction, VariantRow.knobs, TrialRow.status,
                                           TrialRow.median_ms, TrialRow.error)
                              .where(ProblemRow.key == problem.key()).order_by(TrialRow.id)).all()
-        return {knobs: Trial(status, median_ms, error) for knobs, status, median_ms, error in rows}
+        return {_current_json(direction, knobs): Trial(status, median_ms, error)
+                for knobs, status, median_ms, error in rows}
 
     @_store_errors
     def best(self, family: str, fingerprint: str, direction: str = "fwd") -> list[BestTrial]:
