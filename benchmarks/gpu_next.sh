@@ -37,6 +37,8 @@
 #                                                                       each: its GPU tests, then speed (NOTES 116)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh split-keys-tiles $OUT  # the same over two column tiles, to
 #                                                                       head dim 192: tests, then speed (NOTES 118)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh consumer-keys $OUT  # the forward's consumers each to their
+#                                                                       own rows' diagonal: tests, speed (NOTES 120)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh gqa     $OUT   # the Gluon backward's GPU
 #                                                                       tests, group_splits beside the default on
 #                                                                       GQA causal, host time (NOTES G-bwd13/14)
@@ -174,8 +176,11 @@ bench)
 varlen)
     python -m pytest -q -m gpu -n 8 tests/test_gpu_varlen.py > "$out/${day}_${gpu}_gpu_tests_varlen.log" 2>&1
     echo "varlen gpu tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_varlen.log"
-    python benchmarks/varlen.py --out "$out/${day}_${gpu}_varlen.jsonl" > "$out/${day}_${gpu}_varlen.log" 2>&1
-    echo "varlen bench rc $?"; cat "$out/${day}_${gpu}_varlen.log"
+    for draw in uniform log; do  # (issue 17's lengths, ~64k tokens; then the shorter log-uniform batch of 49.-117.)
+        python benchmarks/varlen.py --draw $draw --out "$out/${day}_${gpu}_varlen.jsonl" \
+            > "$out/${day}_${gpu}_varlen_$draw.log" 2>&1
+        echo "varlen bench ($draw) rc $?"; cat "$out/${day}_${gpu}_varlen_$draw.log"
+    done
     python benchmarks/kvcache_decode.py --out "$out/${day}_${gpu}_kvcache_decode.jsonl" \
         > "$out/${day}_${gpu}_kvcache_decode.log" 2>&1
     echo "kvcache bench rc $?"; cat "$out/${day}_${gpu}_kvcache_decode.log"
@@ -284,13 +289,26 @@ split-keys-tiles)  # NOTES 118: split_keys over two column tiles, its GPU tests,
         > "$out/${day}_${gpu}_gpu_tests_split_keys_tiles.log" 2>&1
     echo "split_keys tiles tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_split_keys_tiles.log"
     rows="$out/${day}_${gpu}_gluon_bwd_split_keys_tiles.jsonl"
-    AUTOFLASH_SPLIT_KEYS_TILES=1 limit 240 python benchmarks/gluon_bwd.py --bench wide --out "$rows" --variants \
+    AUTOFLASH_UNTESTED=1 limit 240 python benchmarks/gluon_bwd.py --bench wide --out "$rows" --variants \
         '["default", {"split_keys": true, "head_dim_split": true, "num_buffers": 2, "block_m": 64},
           {"split_keys": true, "head_dim_split": true, "num_buffers": 1, "block_m": 64},
           {"split_keys": true, "num_buffers": 1, "block_m": 64, "head_dim_split": false}]' \
         > "$out/${day}_${gpu}_gluon_bwd_split_keys_tiles.log" 2>&1
     echo "split_keys tiles bench rc $?"
     python benchmarks/knob_ratio.py "$rows" split_keys
+    ;;
+consumer-keys)  # NOTES 120: each forward consumer to its own rows' diagonal; its GPU tests, then the short causal
+               # cells beside the default and 64-key blocks without it
+    limit 240 python -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_gluon_fwd.py -k consumer_keys \
+        > "$out/${day}_${gpu}_gpu_tests_consumer_keys.log" 2>&1
+    echo "consumer_keys tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_consumer_keys.log"
+    rows="$out/${day}_${gpu}_gluon_fwd_consumer_keys.jsonl"
+    limit 240 python benchmarks/gluon_fwd.py --bench short --out "$rows" --variants '["default",
+        {"default": true, "causal": true, "consumer_keys": true},
+        {"default": true, "causal": true, "block_n": 64, "num_buffers": 3},
+        {"default": true, "causal": true, "block_n": 64, "num_buffers": 3, "consumer_keys": true}]' \
+        > "$out/${day}_${gpu}_gluon_fwd_consumer_keys.log" 2>&1
+    echo "consumer_keys bench rc $?"; grep -v -i warn "$out/${day}_${gpu}_gluon_fwd_consumer_keys.log" | tail -14
     ;;
 gqa)  # before the retune (bwd-all): correctness, then whether group_splits pays and by how much
     limit 240 python -m pytest -q -m gpu -n 16 tests/test_gluon_bwd.py -p no:cacheprovider \

@@ -1,8 +1,10 @@
 """Packed variable-length attention against its dense baselines (issue 17's acceptance shape by default):
 
-    python benchmarks/varlen.py [--sequences 16] [--lengths 128,8192] [--heads 32/8] [--out results.jsonl] [--profile]
+    python benchmarks/varlen.py [--sequences 16] [--lengths 128,8192] [--draw uniform|log] [--heads 32/8]
+                                [--out results.jsonl] [--profile]
 
-16 sequences of lengths log-uniform in [128, 8192], d128, GQA 4:1, causal, bf16. Timed, forward and forward +
+16 sequences of lengths uniform in [128, 8192] (issue 17's ~64k tokens; --draw log: log-uniform, ~24k tokens of
+mostly short sequences, the harder case), d128, GQA 4:1, causal, bf16. Timed, forward and forward +
 backward: autoflash.attention_varlen on the packed batch; plain SDPA (its default backends) on the batch padded to
 the longest sequence (masked per sequence: only the useful rows count); autoflash.attention on a dense batch of
 equal-length sequences holding the same total tokens, (batch, heads, seq, d) and as (batch, seq, heads, d)
@@ -22,6 +24,11 @@ from forced_knobs import changes_of, forced_knobs, label
 from kvcache_decode import lengths_of
 from profiling import kernel_times
 from results_file import append_row
+
+
+def uniform_lengths(batch, low, high, seed):
+    """batch sequence lengths uniform over [low, high]."""
+    return torch.randint(low, high + 1, (batch,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def useful_flops(lengths, heads, head_dim, causal):
@@ -47,6 +54,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--lengths", default="128,8192")
+    parser.add_argument("--draw", choices=("uniform", "log"), default="uniform",
+                        help="lengths uniform in the range (issue 17's), or log-uniform (more short sequences)")
     parser.add_argument("--heads", default="32/8")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--full", action="store_true", help="no causal mask")
@@ -58,7 +67,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     heads_q, heads_kv = map(int, args.heads.split("/"))
     low, high = (list(map(int, args.lengths.split(","))) * 2)[:2]
-    lengths = lengths_of(args.sequences, low, high, seed=1)
+    lengths = (uniform_lengths if args.draw == "uniform" else lengths_of)(args.sequences, low, high, seed=1)
     causal, d, dtype = not args.full, args.head_dim, torch.bfloat16
     total = sum(lengths)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -98,8 +107,8 @@ def main(argv=None):
                 ms = timed(fn, direction != "fwd")
             work = flops[name] * (1 if direction == "fwd" else 3.5)
             line = dict(case=label(name, change), direction=direction, ms=ms, tflops=work / ms / 1e9, lengths=lengths,
-                        heads=args.heads, head_dim=d, causal=causal, knobs=ran, gpu=torch.cuda.get_device_name(),
-                        time=stamp)
+                        draw=args.draw, heads=args.heads, head_dim=d, causal=causal, knobs=ran,
+                        gpu=torch.cuda.get_device_name(), time=stamp)
             print(f"{direction:8s} {line['case']:16s} {ms:8.3f} ms  {line['tflops']:6.1f} TFLOP/s  {ran.get('fwd', '')}")
             if args.profile:
                 with forced_knobs(change):

@@ -149,7 +149,7 @@ def ptxas_report(compiled) -> dict:
 
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2, pingpong=False, overlap=True,
                consumer_regs=240, producer_regs=24, persistent=True, dynamic=False,
-               stage_o_in_q=False, tile_overlap=False, head_dim_split=False)
+               stage_o_in_q=False, tile_overlap=False, head_dim_split=False, consumer_keys=False)
 # (knob changes, head_dim, dtype, causal, return_lse[, variants[, a MASK_MODS name]])
 CASES = [({}, 128, "float16", False, True),
          (dict(q_buffers=2, dynamic=True), 128, "float16", True, True),
@@ -196,7 +196,16 @@ CASES = [({}, 128, "float16", False, True),
          (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 192, "bfloat16", True, True, ["MASK_MOD"],
           "documents"),
          (dict(head_dim_split=True, q_buffers=2, dynamic=True), 96, "bfloat16", True, True, ["VARLEN"]),
-         (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 160, "float16", False, False, ["VARLEN"])]
+         (dict(head_dim_split=True, block_n=64, stage_o_in_q=True), 160, "float16", False, False, ["VARLEN"]),
+         # each consumer to its own rows' diagonal (NOTES 120): 64- and 128-key blocks, three consumers, two column
+         # tiles, softcap and ALiBi
+         (dict(consumer_keys=True, block_n=64, num_buffers=3, dynamic=True), 128, "float16", True, True),
+         (dict(consumer_keys=True, q_buffers=2, dynamic=True), 128, "bfloat16", True, True),
+         (dict(consumer_keys=True, consumers=3, consumer_regs=160, block_n=64, q_buffers=2, dynamic=True), 64,
+          "bfloat16", True, True),
+         (dict(consumer_keys=True, block_n=64, dynamic=True, overlap=False), 64, "float16", True, False),
+         (dict(consumer_keys=True, head_dim_split=True, block_n=64, stage_o_in_q=True, dynamic=True), 160, "bfloat16",
+          True, True, ["SOFTCAP", "ALIBI"])]
 
 
 def report(cases) -> list[dict]:

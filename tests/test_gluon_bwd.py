@@ -223,7 +223,7 @@ def test_split_keys(head_dim, dtype, causal):
 @pytest.mark.parametrize("num_buffers", [1, 2])
 def test_split_keys_over_column_tiles(head_dim, dtype, causal, num_buffers, monkeypatch):
     """split_keys with the columns in two tiles, 128 and 64 (NOTES 118), one or two ring slots."""
-    monkeypatch.setattr(limits, "SPLIT_KEYS_OVER_COLUMN_TILES", True)
+    monkeypatch.setattr(limits, "UNTESTED_ALLOWED", True)
     _check_split_keys(dataclasses.replace(SPLIT_KEYS_TILES, num_buffers=num_buffers), head_dim, dtype, causal)
 
 
@@ -248,7 +248,7 @@ def _check_split_keys(base, head_dim, dtype, causal):
 def test_split_keys_with_variants(case, monkeypatch):
     """split_keys with windows and softcapping (S's path, over a warpgroup's 32 keys), over one padded tile and two
     column tiles."""
-    monkeypatch.setattr(limits, "SPLIT_KEYS_OVER_COLUMN_TILES", True)
+    monkeypatch.setattr(limits, "UNTESTED_ALLOWED", True)
     _check_fixed_variants(SPLIT_KEYS, case, [(1, 4, 2, 1000, 1000, 256), (1, 2, 1, 123, 777, 192)])
     _check_fixed_variants(SPLIT_KEYS_TILES, case, [(1, 4, 2, 1000, 1000, 192), (1, 2, 1, 123, 777, 160)])
 

@@ -115,6 +115,10 @@ def _cross(head_dim=40, seqlen_q=4096, batch=2):
     (FwdKnobs(head_dim_split=True, tile_overlap=True, q_buffers=2), _problem(96), H100,
      "head_dim_split is not rendered with tile_overlap"),
     (FwdKnobs(head_dim_split=True, block_n=128), _problem(192), H100, "shared memory"),
+    (FwdKnobs(consumer_keys=True), _problem(128), H100, "causal problems only"),
+    (FwdKnobs(consumer_keys=True, pingpong=True), _problem(128, causal=True), H100, "without ping-pong"),
+    (FwdKnobs(consumer_keys=True, consumers=1), _problem(128, causal=True), H100, "two or three consumers"),
+    (FwdKnobs(consumer_keys=True), _problem(128, causal=True).with_variants(window_size=(256, 0)), H100, "not WINDOW"),
 ])
 def test_violations(knobs, problem, gpu, reason):
     assert any(reason in why for why in violations(knobs, problem, gpu)), violations(knobs, problem, gpu)
@@ -167,7 +171,7 @@ def test_launcher_refuses_what_tma_cannot_read():
 
 @pytest.mark.parametrize("index", range(len(gluon_bwd_sm90.CASES)))
 def test_backward_compiles_for_sm90(compiled_bwd, index, monkeypatch):
-    monkeypatch.setattr(limits, "SPLIT_KEYS_OVER_COLUMN_TILES", True)  # (compiled here before its GPU tests)
+    monkeypatch.setattr(limits, "UNTESTED_ALLOWED", True)  # (compiled here before its GPU tests)
     change, head_dim, dtype, causal, *variants = gluon_bwd_sm90.CASES[index]
     knobs = BwdKnobs(**gluon_bwd_sm90.DEFAULT | change)
     variants = set(variants[0] if variants else ())

@@ -54,6 +54,16 @@ TWO_Q_TILES = {
                                                   dynamic=True),
     "two q tiles, o in q, pingpong": dict(q_buffers=2, stage_o_in_q=True, pingpong=True),
 }
+# consumer_keys (causal, plain problems): each consumer computes the key blocks to its own rows' diagonal, the
+# producer releases the tile's later ones for it (NOTES 120), with 64- and 128-key blocks, three consumers, the
+# sequential path on a static grid.
+CONSUMER_KEYS = {
+    "consumer keys, 64 keys": dict(consumer_keys=True, block_n=64, num_buffers=3, dynamic=True),
+    "consumer keys": dict(consumer_keys=True, q_buffers=2, dynamic=True),
+    "consumer keys, three consumers": dict(consumer_keys=True, consumers=3, consumer_regs=160, block_n=64,
+                                           q_buffers=2, dynamic=True),
+    "consumer keys, sequential": dict(consumer_keys=True, block_n=64, overlap=False),
+}
 
 
 def run(knobs, q, k, v, causal, with_lse=True):
@@ -103,6 +113,28 @@ def test_two_q_tiles_several_tiles_a_program(variant, head_dim, seqlen_q, seqlen
     if "three consumers" in variant and head_dim != 64:
         pytest.skip("three consumers: the head dim 64 defaults' shape")
     _several_tiles_a_program(FwdKnobs(**TWO_Q_TILES[variant]), head_dim, seqlen_q, seqlen_k, causal)
+
+
+@pytest.mark.parametrize("variant", CONSUMER_KEYS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", LENGTHS)
+def test_consumer_keys(variant, head_dim, seqlen_q, seqlen_k):
+    """Causal, several tiles a program (the ring's positions run on past the blocks a consumer skips), GQA,
+    unequal lengths (more queries than keys: consumers whose rows see no key)."""
+    if "three consumers" in variant and head_dim != 64:
+        pytest.skip("three consumers: the head dim 64 defaults' shape")
+    _several_tiles_a_program(FwdKnobs(**CONSUMER_KEYS[variant]), head_dim, seqlen_q, seqlen_k, True)
+
+
+@pytest.mark.parametrize("case", [c for c in VARIANT_CASES if c[0] and c[1] == (-1, -1)]
+                         + [(True, (-1, -1), 50.0, None)], ids=str)
+def test_consumer_keys_softcap_alibi(case):
+    """consumer_keys with softcapping and ALiBi (the scores alone change), and over two column tiles."""
+    for i, (shape, knobs) in enumerate([((2, 8, 2, 1000, 1000, 128), FwdKnobs(**CONSUMER_KEYS["consumer keys"])),
+                                        ((1, 4, 2, 4097, 123, 64), FwdKnobs(**CONSUMER_KEYS["consumer keys, 64 keys"])),
+                                        ((1, 4, 2, 777, 1234, 160), FwdKnobs(consumer_keys=True, head_dim_split=True,
+                                                                             block_n=64, stage_o_in_q=True))]):
+        assert run_forward(knobs, shape, torch.bfloat16, case, seed=i), f"{knobs} cannot run {shape} {case}"
 
 
 def test_tile_overlap_repeats():

@@ -47,6 +47,11 @@ class FwdKnobs(Knobs):
                                 "the head dim as two column tiles, the largest power of two below it and one for "
                                 "the rest, instead of one padded to a power of two: head dim 160 computes 128 + 32 "
                                 "columns, not 256 (two wgmmas for Q K^T and for P V, two O accumulators)")
+    consumer_keys: bool = knob(False, (False, True),
+                               "(causal) each consumer computes the key blocks to its own last row's diagonal, not "
+                               "the tile's (64-key blocks: the first of two skips the diagonal's second block); the "
+                               "producer releases the blocks it skips (NOTES 120)",
+                               searched=(False,))  # (not searched until its GPU tests have passed: NOTES 120)
     consumer_regs: int = knob(240, (240, 232, 160), "registers per thread of each consumer warpgroup but the first")
     producer_regs: int = knob(24, (24, 32, 40), "registers per thread of the producer warp('s warpgroup)")
 

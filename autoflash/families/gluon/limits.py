@@ -145,6 +145,8 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
         why += _tile_overlap_violations(knobs, problem)
     if knobs.head_dim_split:
         why += _head_dim_split_violations(knobs, problem)
+    if knobs.consumer_keys:
+        why += _consumer_keys_violations(knobs, problem)
     why += _resource_violations(shared_memory_bytes(knobs, problem), consumer_registers(knobs, problem),
                                 240 if knobs.consumers == 1 else knobs.consumer_regs, gpu)
     # The first consumer (the default partition) gets at least what the others get.
@@ -161,6 +163,21 @@ def _resource_violations(smem: int, registers: int, budget: int, gpu: Gpu) -> li
         why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
     if registers > budget:
         why.append(f"a consumer needs ~{registers} registers a thread, it gets {budget}")
+    return why
+
+
+def _consumer_keys_violations(knobs: FwdKnobs, problem: Problem) -> list[str]:
+    """consumer_keys stops each consumer at its own rows' diagonal: it changes only causal problems, is rendered
+    for plain ones (no window, mask_mod or packed sequences), and leaves the ping-pong's turns unpaired."""
+    why = []
+    if not problem.causal:
+        why.append("consumer_keys stops each consumer at its rows' diagonal: causal problems only")
+    other = problem.gates() & {"WINDOW", "MASK_MOD", "VARLEN", "PAGED"}
+    if other:
+        why.append("consumer_keys is rendered for plain causal problems, softcapping and ALiBi, not "
+                   + ", ".join(sorted(other)))
+    if knobs.pingpong or knobs.consumers == 1:
+        why.append("consumer_keys needs two or three consumers without ping-pong (a skipped block's turn unpaired)")
     return why
 
 
@@ -271,10 +288,10 @@ def _bwd_head_dim_split_violations(knobs: BwdKnobs, problem: Problem) -> list[st
     return why
 
 
-# split_keys over two column tiles (NOTES 118) is compiled for sm_90 but has not run on a GPU: refused (so neither
-# searched nor dispatched) until its GPU tests have passed; they lift this, and AUTOFLASH_SPLIT_KEYS_TILES=1 lifts it
-# for a bench (benchmarks/gpu_next.sh split-keys-tiles).
-SPLIT_KEYS_OVER_COLUMN_TILES = os.environ.get("AUTOFLASH_SPLIT_KEYS_TILES") == "1"
+# Knob points compiled for sm_90 that have not run on a GPU (split_keys over two column tiles, NOTES 118, both of
+# them searched knobs): refused, so neither searched nor dispatched, until their GPU tests pass. The tests lift
+# this; AUTOFLASH_UNTESTED=1 lifts it for a bench (benchmarks/gpu_next.sh split-keys-tiles).
+UNTESTED_ALLOWED = os.environ.get("AUTOFLASH_UNTESTED") == "1"
 
 
 def _split_keys_violations(knobs: BwdKnobs, problem: Problem) -> list[str]:
@@ -288,7 +305,7 @@ def _split_keys_violations(knobs: BwdKnobs, problem: Problem) -> list[str]:
                    f"{problem.head_dim}")
     if knobs.warpgroups != 2 or knobs.block_m != 64:
         why.append("split_keys runs two warpgroups of 32 keys in 64-row steps")
-    if knobs.head_dim_split and not SPLIT_KEYS_OVER_COLUMN_TILES:
+    if knobs.head_dim_split and not UNTESTED_ALLOWED:
         why.append("split_keys over two column tiles (head_dim_split) awaits its GPU tests (NOTES 118)")
     if knobs.dq_writer or knobs.dq_turns or knobs.dv_late:
         why.append("split_keys has no dq_writer, dq_turns or dv_late (each warpgroup adds its dQ columns itself, "
