@@ -93,8 +93,11 @@ def _store_errors(method):
 def _current_json(direction: str, knobs: str) -> str:
     """A variant's knobs JSON as this version writes it: a record from before a knob existed lacks its field, and
     names the same kernel as the JSON with its default (a new knob's off position renders the old source, or the
-    fingerprint moves), so the tuner never times it twice; as stored where it does not parse."""
+    fingerprint moves), so the tuner never times it twice. As stored where it names no family (a problem's "no
+    valid variant" row, `{}`) or does not parse."""
     try:
+        if "family" not in json.loads(knobs):
+            return knobs
         return families.knobs_from_json(direction, knobs).to_json()
     except (ValueError, TypeError):
         return knobs
@@ -269,11 +272,12 @@ class Store:
             if abandoned:
                 s.execute(delete(ClaimRow).where(ClaimRow.id.in_(abandoned)))
             taken = timed | {_current_json(direction, c.knobs) for c in claims if c.id not in abandoned}
-            mine = [k for k in variants if k not in taken][:max(0, limit - len(taken))]
+            current = {k: _current_json(direction, k) for k in variants}
+            mine = [k for k in variants if current[k] not in taken][:max(0, limit - len(taken))]
             s.add_all(ClaimRow(gpu_family=gpu.family, problem_id=problem_id, variant_id=variants[k], host=_host(),
                                pid=os.getpid(), created_at=_now()) for k in mine)
             s.commit()
-        return mine, [k for k in variants if k in taken and k not in timed]
+        return mine, [k for k in variants if current[k] in taken and current[k] not in timed]
 
     @_store_errors
     def release_claims(self) -> None:
