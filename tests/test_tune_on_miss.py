@@ -223,7 +223,8 @@ def test_the_fallback_is_timed_whatever_the_deadline_leaves(tmp_path):
 
 def start_rank(tmp_path, seqlen_q: int, budget_s: float, trials: int = on_miss.TRIALS) -> subprocess.Popen:
     script = tmp_path / "rank.py"
-    script.write_text(RANK)
+    if not script.exists():  # written once: rewriting it truncates the file a rank started just before may be reading
+        script.write_text(RANK)
     env = {**os.environ, "AUTOFLASH_TUNE": "1", "AUTOFLASH_TUNE_BUDGET_S": str(budget_s),
            urls.DB_ENV: str(tmp_path / "user.db"), "TRITON_INTERPRET": "1"}
     return subprocess.Popen([sys.executable, str(script), str(seqlen_q), str(trials)], stdout=subprocess.PIPE,
