@@ -37,7 +37,7 @@ def timed(db: str, gpu: str, direction: str) -> dict[Problem, dict[str, float]]:
     times = defaultdict(dict)
     for *shape, knobs, ms in rows:
         problem = Problem(*shape[:6], bool(shape[6]), shape[7])
-        key = families.knobs_from_json(direction, knobs).to_json()
+        key = families.current_json(direction, knobs)
         times[problem][key] = min(ms, times[problem].get(key, ms))
     return times
 

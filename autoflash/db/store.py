@@ -90,19 +90,6 @@ def _store_errors(method):
     return wrapper
 
 
-def _current_json(direction: str, knobs: str) -> str:
-    """A variant's knobs JSON as this version writes it: a record from before a knob existed lacks its field, and
-    names the same kernel as the JSON with its default (a new knob's off position renders the old source, or the
-    fingerprint moves), so the tuner never times it twice. As stored where it names no family (a problem's "no
-    valid variant" row, `{}`) or does not parse."""
-    try:
-        if "family" not in json.loads(knobs):
-            return knobs
-        return families.knobs_from_json(direction, knobs).to_json()
-    except (ValueError, TypeError):
-        return knobs
-
-
 class Store:
     @_store_errors
     def __init__(self, db: str | None = None, readonly: bool = False):
@@ -261,7 +248,7 @@ class Store:
             s.commit()
         with Session(self.engine) as s:
             _lock(s, problem_id)
-            timed = {_current_json(direction, k) for k in s.scalars(
+            timed = {families.current_json(direction, k) for k in s.scalars(
                 self._trials(gpu.family, fingerprint, direction, VariantRow.knobs)
                 .where(ProblemRow.id == problem_id, TrialRow.status != "no_valid_variant"))}
             claims = s.execute(select(ClaimRow.id, VariantRow.knobs, ClaimRow.host, ClaimRow.pid, ClaimRow.created_at)
@@ -271,8 +258,8 @@ class Store:
             abandoned = [c.id for c in claims if _abandoned(c.host, c.pid, c.created_at)]
             if abandoned:
                 s.execute(delete(ClaimRow).where(ClaimRow.id.in_(abandoned)))
-            taken = timed | {_current_json(direction, c.knobs) for c in claims if c.id not in abandoned}
-            current = {k: _current_json(direction, k) for k in variants}
+            taken = timed | {families.current_json(direction, c.knobs) for c in claims if c.id not in abandoned}
+            current = {k: families.current_json(direction, k) for k in variants}
             mine = [k for k in variants if current[k] not in taken][:max(0, limit - len(taken))]
             s.add_all(ClaimRow(gpu_family=gpu.family, problem_id=problem_id, variant_id=variants[k], host=_host(),
                                pid=os.getpid(), created_at=_now()) for k in mine)
@@ -400,7 +387,7 @@ class Store:
             rows = s.execute(self._trials(family, fingerprint, direction, VariantRow.knobs, TrialRow.status,
                                           TrialRow.median_ms, TrialRow.error)
                              .where(ProblemRow.key == problem.key()).order_by(TrialRow.id)).all()
-        return {_current_json(direction, knobs): Trial(status, median_ms, error)
+        return {families.current_json(direction, knobs): Trial(status, median_ms, error)
                 for knobs, status, median_ms, error in rows}
 
     @_store_errors
