@@ -19,10 +19,10 @@ from itertools import count
 
 import torch
 
-# A pass with more FLOPs than this is GPU-bound (its GPU time past the ~40 µs a forward's launch takes on the host,
-# the ~0.3-0.4 ms a backward's launches and autograd's round trip take on the H100/H200 hosts measured, NOTES 100,
-# at ~350 TFLOP/s): captured never.
-MAX_FLOPS = {"fwd": 12e9, "bwd": 150e9}
+# A pass with more FLOPs than this is GPU-bound (its GPU time past the ~40-80 µs a forward's launch takes on the
+# host, quiet or busy, the ~0.3-0.4 ms a backward's launches and autograd's round trip take on the H100/H200 hosts
+# measured, NOTES 100 and 125, at ~350-400 TFLOP/s): captured never.
+MAX_FLOPS = {"fwd": 32e9, "bwd": 150e9}
 SIGHTINGS = 2  # an address set is captured at its second call (a first call's addresses rarely come back)
 MAX_GRAPHS = 64  # graphs the process keeps, every plan's together, the least recently replayed dropped
 MAX_BUFFER_BYTES = 256 << 20  # a plan whose own buffers are larger is not wrapped (a backward's: ~3x q's bytes)

@@ -112,7 +112,7 @@ def test_graphs_are_kept_per_plan_and_process_wide_at_most_max_graphs(replayed, 
 def test_only_small_passes_are_replayed(monkeypatch):
     plan = object()
     assert isinstance(graphs.replayed(plan, "fwd", 1e9, 0), graphs.Replayed)
-    assert graphs.replayed(plan, "fwd", 20e9, 0) is plan, "a forward past 12 GFLOP is GPU-bound"
+    assert graphs.replayed(plan, "fwd", 40e9, 0) is plan, "a forward past 32 GFLOP is GPU-bound"
     assert isinstance(graphs.replayed(plan, "bwd", 20e9, 1 << 20), graphs.Replayed)
     assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_BUFFER_BYTES + 1) is plan, "its buffers too large"
     monkeypatch.setenv("AUTOFLASH_GRAPHS", "0")
