@@ -166,3 +166,35 @@ def test_a_plan_that_cannot_be_captured_runs_and_leaves_random_numbers_working()
         replayed(x)
     assert x.tolist() == [3.0] * 4 and not replayed.capturing
     assert torch.randn(1000, device="cuda").std().item() > 0.5
+
+
+def same_document(b, h, q_idx, kv_idx, document_id):
+    return document_id[q_idx] == document_id[kv_idx]
+
+
+def test_a_mask_mod_whose_tensors_change_in_place():
+    """A small mask_mod pass called again and again on the same addresses while its document ids change, in place
+    and in a new tensor at the same address (the caching allocator's usual reuse): each call's output and lse and
+    the gradients are the fp64 reference's. Its block tables follow the ids, so its plan is never replayed from a
+    graph (autoflash/graphs.py: a replay, keyed by addresses, would read the tables of the ids it was captured
+    with; tests/test_graphs.py::test_a_mask_mod_call_is_never_replayed)."""
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 2, 1000, 1000, 64, torch.float16, "cuda", seed=1))
+    ids = torch.zeros(1000, dtype=torch.int32, device="cuda")
+    for call, bounds in enumerate(([300, 600], [130, 900], [500], [300, 600], [64, 128, 700])):
+        fresh = torch.zeros(1000, dtype=torch.int32, device="cuda")
+        for bound in bounds:
+            fresh[bound:] += 1
+        if call % 2:
+            del ids
+            ids = fresh  # (a new tensor, most likely at the freed one's address)
+        else:
+            ids.copy_(fresh)  # (in place: the same tensor, its version bumped)
+        mod = autoflash.MaskMod(same_document, ids)
+        out, lse = autoflash.attention(q, k, v, causal=True, mask_mod=mod, return_lse=True)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+        assert_matches_reference(out.detach(), lse.detach(), q.detach(), k.detach(), v.detach(), True, mask_mod=mod)
+        expected = attention_backward_reference(*(t.detach() for t in (q, k, v)), dout, True, mask_mod=mod)
+        for name, err in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
+            assert err < GRAD_TOLERANCE[torch.float16], f"call {call} ({bounds}): {name} relative error {err:.2e}"

@@ -109,14 +109,41 @@ def test_graphs_are_kept_per_plan_and_process_wide_at_most_max_graphs(replayed, 
     assert len(captures) == 4
 
 
-def test_only_small_passes_are_replayed(monkeypatch):
-    plan = object()
-    assert isinstance(graphs.replayed(plan, "fwd", 1e9, 0), graphs.Replayed)
-    assert graphs.replayed(plan, "fwd", 40e9, 0) is plan, "a forward past 32 GFLOP is GPU-bound"
-    assert isinstance(graphs.replayed(plan, "bwd", 20e9, 1 << 20), graphs.Replayed)
-    assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_BUFFER_BYTES + 1) is plan, "its buffers too large"
+def test_only_small_passes_of_plans_without_host_state_are_replayed(monkeypatch):
+    plan, cuda = object(), torch.device("cuda", 0)
+    assert isinstance(graphs.replayed(plan, "fwd", 1e9, 0, cuda, False), graphs.Replayed)
+    assert graphs.replayed(plan, "fwd", 40e9, 0, cuda, False) is plan, "a forward past 32 GFLOP is GPU-bound"
+    assert isinstance(graphs.replayed(plan, "bwd", 20e9, 1 << 20, cuda, False), graphs.Replayed)
+    assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_BUFFER_BYTES + 1, cuda, False) is plan, "buffers too large"
+    assert graphs.replayed(plan, "fwd", 1e9, 0, cuda, True) is plan, "a plan whose launches hold host state"
+    assert graphs.replayed(plan, "fwd", 1e9, 0, torch.device("cpu"), False) is plan, "no CUDA graph off the GPU"
     monkeypatch.setenv("AUTOFLASH_GRAPHS", "0")
-    assert graphs.replayed(plan, "fwd", 1e9, 0) is plan, "AUTOFLASH_GRAPHS=0 turns replays off"
+    assert graphs.replayed(plan, "fwd", 1e9, 0, cuda, False) is plan, "AUTOFLASH_GRAPHS=0 turns replays off"
+
+
+def same_document(b, h, q_idx, kv_idx, ids):
+    return ids[q_idx] == ids[kv_idx]
+
+
+def test_a_mask_mod_call_is_never_replayed(monkeypatch):
+    """A mask_mod's plan caches its block tables for the captures' tensor objects and versions, which a replay
+    (keyed by addresses alone) would not see change: attention hands graphs.replayed its host state, forward and
+    backward (the GPU's half: tests/test_gpu_graph.py::test_a_mask_mod_whose_tensors_change_in_place)."""
+    import autoflash
+
+    asked = []
+    real = graphs.replayed
+    monkeypatch.setattr(graphs, "replayed", lambda plan, *args: asked.append(args) or real(plan, *args))
+    q, k, v = (torch.randn(1, 2, 40, 16, requires_grad=True) for _ in range(3))
+    ids = torch.arange(40, dtype=torch.int32) // 13
+    mod = autoflash.MaskMod(same_document, ids)
+    seen = []
+    for mask_mod in (mod, None):
+        out = autoflash.attention(q, k, v, mask_mod=mask_mod)
+        out.backward(torch.randn_like(out))  # (a dout TMA can read: out.sum()'s is copied, never replayed)
+        seen.append({(direction, host_state) for direction, _, _, _, host_state in asked})
+        asked.clear()
+    assert seen == [{("fwd", True), ("bwd", True)}, {("fwd", False), ("bwd", False)}], seen
 
 
 def test_a_dropped_graph_is_kept_while_its_replay_may_run(replayed, monkeypatch):
