@@ -198,3 +198,30 @@ def test_a_mask_mod_whose_tensors_change_in_place():
         expected = attention_backward_reference(*(t.detach() for t in (q, k, v)), dout, True, mask_mod=mod)
         for name, err in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
             assert err < GRAD_TOLERANCE[torch.float16], f"call {call} ({bounds}): {name} relative error {err:.2e}"
+
+
+def test_a_mask_mod_in_a_cuda_graph_follows_its_tensors():
+    """The caller's own capture of a mask_mod call (warm-up on a side stream, then captured), replayed after the
+    document ids changed in place: each replay's output is the fp64 reference's for the ids it then holds (the
+    block tables are made in the graph: templates/tl/launch_mask_mod.py)."""
+    q, k, v = make_qkv(2, 4, 2, 1000, 1000, 64, torch.float16, "cuda", seed=1)
+    ids = torch.zeros(1000, dtype=torch.int32, device="cuda")
+    ids[500:] = 1
+    mod = autoflash.MaskMod(same_document, ids)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile, dispatch and the tables of these ids before capture
+        autoflash.attention(q, k, v, causal=True, mask_mod=mod)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = autoflash.attention(q, k, v, causal=True, mask_mod=mod)
+    for bounds in ([500], [130, 900], [64, 128, 700], []):
+        fresh = torch.zeros(1000, dtype=torch.int32, device="cuda")
+        for bound in bounds:
+            fresh[bound:] += 1
+        ids.copy_(fresh)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches_reference(out, None, q, k, v, True, mask_mod=mod)

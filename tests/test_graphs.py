@@ -201,3 +201,26 @@ def test_counts_say_what_each_call_did(replayed, monkeypatch):
     r(*b)
     r(*b)
     assert dict(graphs.COUNTS) == {"ran": 2, "captured": 1, "replayed": 2, "capture_failed": 1}
+
+
+def test_a_mask_mod_call_captured_into_a_graph_makes_its_tables_in_it(monkeypatch):
+    """Captured into a CUDA graph (the caller's own), a mask_mod's call computes its block tables in the graph
+    and keeps them not, so that each replay makes them from what its captures hold then; outside a capture the
+    tables of unchanged captures are made once (the GPU's half:
+    tests/test_gpu_graph.py::test_a_mask_mod_in_a_cuda_graph_follows_its_tensors)."""
+    import autoflash
+    from autoflash.resources import launcher
+
+    masks, made, capturing = launcher("tl", "mask_mod"), [], []
+    real = masks._Tables.evaluated
+    monkeypatch.setattr(masks._Tables, "evaluated", lambda self, *args: made.append(1) or real(self, *args))
+    monkeypatch.setattr(masks, "_in_capture", lambda captures: bool(capturing))
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    mod = autoflash.MaskMod(same_document, torch.arange(40, dtype=torch.int32) // 13)
+    counts = []
+    for capture in (False, False, True, True, False):
+        capturing[:] = [True] if capture else []
+        made.clear()
+        autoflash.attention(q, k, v, mask_mod=mod)
+        counts.append(len(made))
+    assert counts[1:] == [0, 1, 1, 0] and counts[0] >= 1, counts

@@ -11,7 +11,8 @@ into one int32 row [partial count, partial blocks..., full count, full blocks...
 kv_indices, full_kv_num_blocks, full_kv_indices), 8 bytes a tile. The forward and the dQ pass list key blocks per
 query block; the dK/dV programs list query blocks per key block (the table transposed). A plan keeps the tables
 of the last captures it saw, holding the tensors: a new tensor, or one changed in place (its version), gets new
-tables, computed on the device before the call's kernels.
+tables, computed on the device before the call's kernels; a call captured into a CUDA graph computes them in the
+graph, at every replay.
 
 `variant["mask"]`: the rendered mod's dict(per_batch, per_head, captures); its captures are the last `captures`
 of the variant tensors.
@@ -93,15 +94,19 @@ class _Tables:
 
     def of(self, tensors) -> list:
         """The tables for the captures among a call's variant tensors (those of the last call, where they are the
-        same tensors, unchanged)."""
+        same tensors, unchanged). A call captured into a CUDA graph makes them in the graph and keeps them not: a
+        replay runs no Python to see the captures change, so each replay makes them from what they hold then."""
         captures = self._captures(tensors)
+        if _in_capture(captures):
+            return self._made(captures)
         seen = [(t, t._version) for t in captures]
         if self.seen is None or len(seen) != len(self.seen) or \
                 any(t is not s or version != s_version for (t, version), (s, s_version) in zip(seen, self.seen)):
-            self.tables = [_lists(self.evaluated(i, captures), name == "Mask_cols")
-                           for i, (name, _, _) in enumerate(self.layouts)]
-            self.seen = seen
+            self.tables, self.seen = self._made(captures), seen
         return self.tables
+
+    def _made(self, captures) -> list:
+        return [_lists(self.evaluated(i, captures), name == "Mask_cols") for i, (name, _, _) in enumerate(self.layouts)]
 
     def evaluated(self, layout: int, captures):
         """The states of the tiles of layouts[layout] for these captures."""
@@ -109,6 +114,11 @@ class _Tables:
         states = torch.empty(shape, dtype=torch.int8, device=self.device)
         launch(states, *captures)
         return states
+
+
+def _in_capture(captures) -> bool:
+    """Whether this call is being captured into a CUDA graph (a mod without captures has tables for good)."""
+    return bool(captures) and captures[0].is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _lists(states, by_key_block: bool):
