@@ -58,8 +58,9 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=_NO_WIND
             reads tensors, passed as its parameters after kv_idx (1-D int32/int64 on q's device, e.g. each token's
             document id): autoflash/mask_mod.py says what a mod may hold. Its source is rendered into the kernels;
             key blocks it masks whole are skipped and those it leaves whole run without a mask (a block table
-            computed on the device once per captures and again when they change in place; inside your own CUDA
-            graph at every replay). Not with window_size (write the window into the mod), nor under torch.compile.
+            computed on the device once per captures and again when torch sees them change in place; inside your
+            own CUDA graph at every replay: captures rewritten in place by a kernel of your own must come in new
+            tensors). Not with window_size (write the window into the mod), nor under torch.compile.
         score_mod: FlexAttention's score_mod, a function mod(score, b, h, q_idx, kv_idx) -> score applied to
             every scaled score (natural units, after softcap and ALiBi, before the masks), or
             autoflash.ScoreMod(mod, *tensors) for a mod that reads tensors (1-D int32/int64/float32 on q's
