@@ -47,3 +47,16 @@ def test_the_readme_examples_run_as_written():
         exec(compile(source, name, "exec"), scope)
         out = scope["out"]
         assert out is None or torch.isfinite(out).all(), f"example {number}: an output that is not finite"
+
+
+def test_the_readme_commands_name_options_that_exist():
+    """Every `autoflash <command> --option` the README writes is an option of that command."""
+    from autoflash.cli import main
+
+    said = re.findall(r"(?:python -m )?autoflash (tune|show|bench|export|merge)\b([^`\n]*)", README.read_text())
+    assert len(said) >= 10, said
+    unknown = set()
+    for command, rest in said:
+        options = {opt for param in main.commands[command].params for opt in param.opts}
+        unknown |= {f"{command} {opt}" for opt in re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest) if opt not in options}
+    assert not unknown, f"the README names options these commands do not have: {sorted(unknown)}"
