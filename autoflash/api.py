@@ -252,7 +252,7 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
 
         def replayed(plan, direction, buffer_bytes):  # (small passes, whose host time is longer than their GPU time,
             # replay CUDA graphs: autoflash/graphs.py)
-            return graphs.replayed(plan, direction, problem.flops(direction), buffer_bytes, q.device, mod is not None)
+            return graphs.replayed(plan, direction, problem.flops(direction), buffer_bytes) if q.is_cuda else plan
         forward = replayed(variant.forward_plan(q_checked, k_checked, v_checked, out_like, lse_like, scale, mask,
                                                 variant=variant_args), "fwd", 0)
         training_forward = forward if return_lse else _built_at_first_call(

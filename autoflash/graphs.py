@@ -43,14 +43,13 @@ _tokens = count()  # (a plan's token is never reused: a graph is never replayed 
 COUNTS: Counter = Counter()
 
 
-def replayed(plan, direction: str, flops: float, buffer_bytes: int, device: torch.device, host_state: bool):
-    """`plan` as a Replayed where a pass of `flops` on a CUDA `device` is host-bound and its own buffers take
-    `buffer_bytes` at most MAX_BUFFER_BYTES; else `plan`: on other devices, with AUTOFLASH_GRAPHS=0 in the
-    environment (read as each plan is made), and where the plan keeps `host_state`, what it launches depending on
-    more than its tensors' addresses (a mask_mod's block tables, cached for the captures' tensor objects and
-    versions: a replay would read tables made for what those addresses held when it was captured)."""
+def replayed(plan, direction: str, flops: float, buffer_bytes: int):
+    """`plan` as a Replayed where a pass of `flops` is host-bound and its own buffers take `buffer_bytes` at most
+    MAX_BUFFER_BYTES; else, or with AUTOFLASH_GRAPHS=0 in the environment (read as each plan is made), `plan`. (A
+    plan whose launches hold more than its tensors' addresses builds that part in the capture too: a mask_mod's
+    block tables, templates/tl/launch_mask_mod.py.)"""
     small = flops <= MAX_FLOPS[direction] and buffer_bytes <= MAX_BUFFER_BYTES
-    if device.type != "cuda" or host_state or os.environ.get("AUTOFLASH_GRAPHS", "1") == "0":
+    if os.environ.get("AUTOFLASH_GRAPHS", "1") == "0":
         return plan
     return Replayed(plan) if small else plan
 

@@ -7,6 +7,7 @@ import autoflash
 from autoflash import graphs
 from autoflash.reference import GRAD_TOLERANCE, attention_backward_reference, gradient_errors
 from helpers import assert_matches_reference, make_qkv
+from test_mask_mod import same_document
 
 pytestmark = pytest.mark.gpu
 
@@ -168,19 +169,18 @@ def test_a_plan_that_cannot_be_captured_runs_and_leaves_random_numbers_working()
     assert torch.randn(1000, device="cuda").std().item() > 0.5
 
 
-def same_document(b, h, q_idx, kv_idx, document_id):
-    return document_id[q_idx] == document_id[kv_idx]
 
-
-def test_a_mask_mod_whose_tensors_change_in_place():
-    """A small mask_mod pass called again and again on the same addresses while its document ids change, in place
-    and in a new tensor at the same address (the caching allocator's usual reuse): each call's output and lse and
-    the gradients are the fp64 reference's. Its block tables follow the ids, so its plan is never replayed from a
-    graph (autoflash/graphs.py: a replay, keyed by addresses, would read the tables of the ids it was captured
-    with; tests/test_graphs.py::test_a_mask_mod_call_is_never_replayed)."""
+def test_a_mask_mod_whose_tensors_change_in_place(monkeypatch):
+    """A small mask_mod pass called again and again on the same addresses, so replayed from graphs, while its
+    document ids change, in place and in a new tensor at the same address (the caching allocator's usual reuse):
+    each call's output, lse and gradients are the fp64 reference's (the block tables are built in the graph from
+    the ids a replay reads: templates/tl/launch_mask_mod.py)."""
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
     q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 2, 1000, 1000, 64, torch.float16, "cuda", seed=1))
     ids = torch.zeros(1000, dtype=torch.int32, device="cuda")
-    for call, bounds in enumerate(([300, 600], [130, 900], [500], [300, 600], [64, 128, 700])):
+    for call, bounds in enumerate(([300, 600], [130, 900], [500], [300, 600], [64, 128, 700], [], [999], [1])):
         fresh = torch.zeros(1000, dtype=torch.int32, device="cuda")
         for bound in bounds:
             fresh[bound:] += 1
@@ -198,6 +198,8 @@ def test_a_mask_mod_whose_tensors_change_in_place():
         expected = attention_backward_reference(*(t.detach() for t in (q, k, v)), dout, True, mask_mod=mod)
         for name, err in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
             assert err < GRAD_TOLERANCE[torch.float16], f"call {call} ({bounds}): {name} relative error {err:.2e}"
+        del out, lse, grads
+    assert replays, "no mask_mod pass was replayed from a graph: its addresses never came back"
 
 
 def test_a_mask_mod_in_a_cuda_graph_follows_its_tensors():

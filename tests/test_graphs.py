@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from autoflash import graphs
+from test_mask_mod import same_document
 
 
 class FakeGraph:
@@ -109,105 +110,21 @@ def test_graphs_are_kept_per_plan_and_process_wide_at_most_max_graphs(replayed, 
     assert len(captures) == 4
 
 
-def test_only_small_passes_of_plans_without_host_state_are_replayed(monkeypatch):
-    plan, cuda = object(), torch.device("cuda", 0)
-    assert isinstance(graphs.replayed(plan, "fwd", 1e9, 0, cuda, False), graphs.Replayed)
-    assert graphs.replayed(plan, "fwd", 40e9, 0, cuda, False) is plan, "a forward past 32 GFLOP is GPU-bound"
-    assert isinstance(graphs.replayed(plan, "bwd", 20e9, 1 << 20, cuda, False), graphs.Replayed)
-    assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_BUFFER_BYTES + 1, cuda, False) is plan, "buffers too large"
-    assert graphs.replayed(plan, "fwd", 1e9, 0, cuda, True) is plan, "a plan whose launches hold host state"
-    assert graphs.replayed(plan, "fwd", 1e9, 0, torch.device("cpu"), False) is plan, "no CUDA graph off the GPU"
+def test_only_small_passes_are_replayed(monkeypatch):
+    plan = object()
+    assert isinstance(graphs.replayed(plan, "fwd", 1e9, 0), graphs.Replayed)
+    assert graphs.replayed(plan, "fwd", 40e9, 0) is plan, "a forward past 32 GFLOP is GPU-bound"
+    assert isinstance(graphs.replayed(plan, "bwd", 20e9, 1 << 20), graphs.Replayed)
+    assert graphs.replayed(plan, "bwd", 20e9, graphs.MAX_BUFFER_BYTES + 1) is plan, "its buffers too large"
     monkeypatch.setenv("AUTOFLASH_GRAPHS", "0")
-    assert graphs.replayed(plan, "fwd", 1e9, 0, cuda, False) is plan, "AUTOFLASH_GRAPHS=0 turns replays off"
-
-
-def same_document(b, h, q_idx, kv_idx, ids):
-    return ids[q_idx] == ids[kv_idx]
-
-
-def test_a_mask_mod_call_is_never_replayed(monkeypatch):
-    """A mask_mod's plan caches its block tables for the captures' tensor objects and versions, which a replay
-    (keyed by addresses alone) would not see change: attention hands graphs.replayed its host state, forward and
-    backward (the GPU's half: tests/test_gpu_graph.py::test_a_mask_mod_whose_tensors_change_in_place)."""
-    import autoflash
-
-    asked = []
-    real = graphs.replayed
-    monkeypatch.setattr(graphs, "replayed", lambda plan, *args: asked.append(args) or real(plan, *args))
-    q, k, v = (torch.randn(1, 2, 40, 16, requires_grad=True) for _ in range(3))
-    ids = torch.arange(40, dtype=torch.int32) // 13
-    mod = autoflash.MaskMod(same_document, ids)
-    seen = []
-    for mask_mod in (mod, None):
-        out = autoflash.attention(q, k, v, mask_mod=mask_mod)
-        out.backward(torch.randn_like(out))  # (a dout TMA can read: out.sum()'s is copied, never replayed)
-        seen.append({(direction, host_state) for direction, _, _, _, host_state in asked})
-        asked.clear()
-    assert seen == [{("fwd", True), ("bwd", True)}, {("fwd", False), ("bwd", False)}], seen
-
-
-def test_a_dropped_graph_is_kept_while_its_replay_may_run(replayed, monkeypatch):
-    monkeypatch.setattr(graphs, "MAX_GRAPHS", 1)
-    monkeypatch.setattr(Stream, "record_event", lambda stream: type("Event", (), {"query": lambda event: False})())
-    r, _, captures, _ = replayed
-    for tensors in ((torch.empty(4),), (torch.empty(4),)):
-        r(*tensors)
-        r(*tensors)
-    assert [graph for _, graph in graphs._retiring] == captures[:1], "kept until its stream's event completes"
-
-
-def test_addresses_that_never_come_back_stop_the_captures(replayed, monkeypatch):
-    """A plan captures while fewer than UNREPLAYED of its graphs await a replay; the graphs kept still replay, and
-    a replay lets the captures go on."""
-    monkeypatch.setattr(graphs, "UNREPLAYED", 3)
-    r, calls, captures, _ = replayed
-    sets = [(torch.empty(4),) for _ in range(8)]
-    for tensors in sets:  # each seen twice, never again: three captured, never replayed
-        r(*tensors)
-        r(*tensors)
-    assert len(captures) == 3, "captures stop at three graphs that no call replayed"
-    assert len(calls) == 8 + 5, "first sightings, then the uncaptured second ones"
-    r(*sets[2])
-    assert captures[2].replays == 2, "a kept graph still replays (its capture's run, then this call)"
-    r(*sets[3])
-    assert len(captures) == 4 and len(calls) == 13, "a replay made room: the next address set seen twice is captured"
-
-
-def test_a_model_s_many_layers_are_all_captured_over_a_few_steps(replayed, monkeypatch):
-    """Eight address sets a step (a model's layers), three awaiting a replay at most: all replay by the fifth step."""
-    monkeypatch.setattr(graphs, "UNREPLAYED", 3)
-    r, calls, captures, _ = replayed
-    layers = [(torch.empty(4),) for _ in range(8)]
-    for step in range(4):
-        for tensors in layers:
-            r(*tensors)
-    assert len(captures) == 8 and len(calls) == 8 + 5 + 2, "captured three, three and two a step after the first"
-    for tensors in layers:
-        r(*tensors)
-    assert len(calls) == 15 and all(graph.replays >= 1 for graph in captures)
-
-
-def test_counts_say_what_each_call_did(replayed, monkeypatch):
-    """graphs.COUNTS, which `autoflash bench` records a round each: first sightings and refused captures ran the
-    plan, the second sighting captured, later calls replayed, a failed capture ran the plan too."""
-    monkeypatch.setattr(graphs, "COUNTS", type(graphs.COUNTS)())
-    r, calls, captures, failing = replayed
-    a = (torch.empty(4), torch.empty(4))
-    for _ in range(4):
-        r(*a)
-    assert dict(graphs.COUNTS) == {"ran": 1, "captured": 1, "replayed": 2}
-    failing.append(True)
-    b = (torch.empty(4), torch.empty(4))
-    r(*b)
-    r(*b)
-    assert dict(graphs.COUNTS) == {"ran": 2, "captured": 1, "replayed": 2, "capture_failed": 1}
+    assert graphs.replayed(plan, "fwd", 1e9, 0) is plan, "AUTOFLASH_GRAPHS=0 turns replays off"
 
 
 def test_a_mask_mod_call_captured_into_a_graph_makes_its_tables_in_it(monkeypatch):
-    """Captured into a CUDA graph (the caller's own), a mask_mod's call computes its block tables in the graph
-    and keeps them not, so that each replay makes them from what its captures hold then; outside a capture the
-    tables of unchanged captures are made once (the GPU's half:
-    tests/test_gpu_graph.py::test_a_mask_mod_in_a_cuda_graph_follows_its_tensors)."""
+    """Captured into a CUDA graph (a Replayed's or the caller's own), a mask_mod's call computes its block tables
+    in the graph and keeps them not, so that each replay makes them from what its captures hold then; outside a
+    capture the tables of unchanged captures are made once (the GPU's half: tests/test_gpu_graph.py's mask_mod
+    tests)."""
     import autoflash
     from autoflash.resources import launcher
 
