@@ -12,8 +12,8 @@
 #                                                                       fresh wheel (18; carry dist, built here first)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
 #                                                                       (after a Gluon backward template change: NOTES G-bwd8, G-bwd17)
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh split-keys-tiles $OUT  # the backward's split_keys over two
-#                                                                       column tiles (d129-192): tests, speed (NOTES 118)
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh split-keys-tiles $OUT  # the backward's split_keys over
+#                                                                       two column tiles (d129-192): tests, speed (118)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh consumer-keys $OUT  # the forward's consumers each to their
 #                                                                       own rows' diagonal: tests, speed (NOTES 120)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh deep-bwd $OUT   # the FA grid's backward searched on to 10 trials
@@ -226,6 +226,7 @@ ring)
     echo "ring rc $?"; grep '"speed"' "$out/${day}_ring_attention.jsonl"
     ;;
 *)
-    echo "steps: check fwd bwd bench varlen variants holdout on-miss split-keys-tiles consumer-keys bwd-all deep-bwd deep-fwd varlen-retune paged-retune short128-ncu ring" >&2; exit 2
+    echo "steps: check fwd bwd bench varlen variants holdout on-miss split-keys-tiles consumer-keys bwd-all" \
+         "deep-bwd deep-fwd varlen-retune paged-retune short128-ncu ring" >&2; exit 2
     ;;
 esac

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from autoflash import checks, codegen
-from autoflash.families.gluon.defaults import default_knobs
 from autoflash.families.gluon import limits
+from autoflash.families.gluon.defaults import default_knobs
 from autoflash.families.gluon.knobs import BwdKnobs
 from autoflash.families.gluon.limits import violations
 from autoflash.gpu import KNOWN, current
@@ -320,8 +320,9 @@ def test_mask_mods(name, head_dim, causal):
 @pytest.mark.parametrize("name", ["documents", "heads apart"])
 def test_mask_mods_on_every_knob(knobs, head_dim, name):
     """Every knob point (step rows 32/64/128, one or two warpgroups, three ring slots, split groups, the dQ
-    writer; not split_keys, which refuses mask mods) at the largest head dim it runs, GQA 4:1, fp16, causal and not: the document mask (a capture, a
-    1-token document) and the per-head one (query heads with no listed block; keys no row sees)."""
+    writer; not split_keys, which refuses mask mods) at the largest head dim it runs, GQA 4:1, fp16, causal and
+    not: the document mask (a capture, a 1-token document) and the per-head one (query heads with no listed block;
+    keys no row sees)."""
     for causal in (False, True):
         run_mask_mod(knobs, (1, 8, 2, 777, 1234, head_dim), torch.float16, name, causal, seed=int(causal))
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from autoflash import codegen
-from autoflash.families.gluon.defaults import default_knobs, fit, for_call
 from autoflash.families.gluon import limits
+from autoflash.families.gluon.defaults import default_knobs, fit, for_call
 from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
 from autoflash.families.gluon.limits import (bwd_shared_memory_bytes, bwd_tiles, column_tiles, shared_memory_bytes,
                                              violations)
