@@ -120,6 +120,63 @@ def test_only_small_passes_are_replayed(monkeypatch):
     assert graphs.replayed(plan, "fwd", 1e9, 0) is plan, "AUTOFLASH_GRAPHS=0 turns replays off"
 
 
+def test_a_dropped_graph_is_kept_while_its_replay_may_run(replayed, monkeypatch):
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 1)
+    monkeypatch.setattr(Stream, "record_event", lambda stream: type("Event", (), {"query": lambda event: False})())
+    r, _, captures, _ = replayed
+    for tensors in ((torch.empty(4),), (torch.empty(4),)):
+        r(*tensors)
+        r(*tensors)
+    assert [graph for _, graph in graphs._retiring] == captures[:1], "kept until its stream's event completes"
+
+
+def test_addresses_that_never_come_back_stop_the_captures(replayed, monkeypatch):
+    """A plan captures while fewer than UNREPLAYED of its graphs await a replay; the graphs kept still replay, and
+    a replay lets the captures go on."""
+    monkeypatch.setattr(graphs, "UNREPLAYED", 3)
+    r, calls, captures, _ = replayed
+    sets = [(torch.empty(4),) for _ in range(8)]
+    for tensors in sets:  # each seen twice, never again: three captured, never replayed
+        r(*tensors)
+        r(*tensors)
+    assert len(captures) == 3, "captures stop at three graphs that no call replayed"
+    assert len(calls) == 8 + 5, "first sightings, then the uncaptured second ones"
+    r(*sets[2])
+    assert captures[2].replays == 2, "a kept graph still replays (its capture's run, then this call)"
+    r(*sets[3])
+    assert len(captures) == 4 and len(calls) == 13, "a replay made room: the next address set seen twice is captured"
+
+
+def test_a_model_s_many_layers_are_all_captured_over_a_few_steps(replayed, monkeypatch):
+    """Eight address sets a step (a model's layers), three awaiting a replay at most: all replay by the fifth step."""
+    monkeypatch.setattr(graphs, "UNREPLAYED", 3)
+    r, calls, captures, _ = replayed
+    layers = [(torch.empty(4),) for _ in range(8)]
+    for step in range(4):
+        for tensors in layers:
+            r(*tensors)
+    assert len(captures) == 8 and len(calls) == 8 + 5 + 2, "captured three, three and two a step after the first"
+    for tensors in layers:
+        r(*tensors)
+    assert len(calls) == 15 and all(graph.replays >= 1 for graph in captures)
+
+
+def test_counts_say_what_each_call_did(replayed, monkeypatch):
+    """graphs.COUNTS, which `autoflash bench` records a round each: first sightings and refused captures ran the
+    plan, the second sighting captured, later calls replayed, a failed capture ran the plan too."""
+    monkeypatch.setattr(graphs, "COUNTS", type(graphs.COUNTS)())
+    r, calls, captures, failing = replayed
+    a = (torch.empty(4), torch.empty(4))
+    for _ in range(4):
+        r(*a)
+    assert dict(graphs.COUNTS) == {"ran": 1, "captured": 1, "replayed": 2}
+    failing.append(True)
+    b = (torch.empty(4), torch.empty(4))
+    r(*b)
+    r(*b)
+    assert dict(graphs.COUNTS) == {"ran": 2, "captured": 1, "replayed": 2, "capture_failed": 1}
+
+
 def test_a_mask_mod_call_captured_into_a_graph_makes_its_tables_in_it(monkeypatch):
     """Captured into a CUDA graph (a Replayed's or the caller's own), a mask_mod's call computes its block tables
     in the graph and keeps them not, so that each replay makes them from what its captures hold then; outside a
