@@ -1,4 +1,5 @@
-"""The GPU a kernel runs on: its family name (the key results are filed under) and its limits."""
+"""The GPU a kernel runs on: its family name (the key results are filed under) and its limits; the cores a host
+process may use beside it."""
 
 import os
 import re
@@ -51,6 +52,15 @@ def tma_aligned(*tensors: torch.Tensor) -> bool:
     """Whether TMA can read and write these tensors: 16-byte aligned addresses and strides (all but the last)."""
     return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
                for t in tensors)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (taskset, a container's cpuset), not the machine's count,
+    so that worker pools sized from it do not oversubscribe the cores a job was given."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity on this platform)
+        return os.cpu_count() or 2
 
 
 def interpreting() -> bool:

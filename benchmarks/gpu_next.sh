@@ -12,10 +12,6 @@
 #                                                                       fresh wheel (18; carry dist, built here first)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
 #                                                                       (after a Gluon backward template change: NOTES G-bwd8, G-bwd17)
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh split-keys-tiles $OUT  # the backward's split_keys over
-#                                                                       two column tiles (d129-192): tests, speed (118)
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh consumer-keys $OUT  # the forward's consumers each to their
-#                                                                       own rows' diagonal: tests, speed (NOTES 120)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh deep-bwd $OUT   # the FA grid's backward searched on to 10 trials
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh deep-fwd $OUT   # a family (a rerun resumes), merged, benched; forward too
 #                                                                       (NOTES 60)
@@ -117,34 +113,6 @@ on-miss)  # issue 18: tune on first use, three problems nobody tuned (first call
     limit -s INT 560 python benchmarks/on_miss.py --budget-s "${BUDGET_S:-45}" --out "$out/${day}_${gpu}_on_miss.jsonl" \
         --db-dir "$out/${day}_${gpu}_on_miss_dbs" 2>&1 | grep -v Warn
     ;;
-split-keys-tiles)  # NOTES 118: split_keys over two column tiles, its GPU tests, then beside the default and split_keys
-                  # over the padded tile at d160/d192 (the wide bench), the gate lifted for the bench alone
-    limit 240 python -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_gluon_bwd.py \
-        -k "test_split_keys_over_column_tiles or test_split_keys_with_variants" \
-        > "$out/${day}_${gpu}_gpu_tests_split_keys_tiles.log" 2>&1
-    echo "split_keys tiles tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_split_keys_tiles.log"
-    rows="$out/${day}_${gpu}_gluon_bwd_split_keys_tiles.jsonl"
-    AUTOFLASH_UNTESTED=1 limit 240 python benchmarks/gluon_bwd.py --bench wide --out "$rows" --variants \
-        '["default", {"split_keys": true, "head_dim_split": true, "num_buffers": 2, "block_m": 64},
-          {"split_keys": true, "head_dim_split": true, "num_buffers": 1, "block_m": 64},
-          {"split_keys": true, "num_buffers": 1, "block_m": 64, "head_dim_split": false}]' \
-        > "$out/${day}_${gpu}_gluon_bwd_split_keys_tiles.log" 2>&1
-    echo "split_keys tiles bench rc $?"
-    python benchmarks/knob_ratio.py "$rows" split_keys
-    ;;
-consumer-keys)  # NOTES 120: each forward consumer to its own rows' diagonal; its GPU tests, then the short causal
-               # cells beside the default and 64-key blocks without it
-    limit 240 python -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_gluon_fwd.py -k consumer_keys \
-        > "$out/${day}_${gpu}_gpu_tests_consumer_keys.log" 2>&1
-    echo "consumer_keys tests rc $?"; tail -3 "$out/${day}_${gpu}_gpu_tests_consumer_keys.log"
-    rows="$out/${day}_${gpu}_gluon_fwd_consumer_keys.jsonl"
-    limit 240 python benchmarks/gluon_fwd.py --bench short --out "$rows" --variants '["default",
-        {"default": true, "causal": true, "consumer_keys": true},
-        {"default": true, "causal": true, "block_n": 64, "num_buffers": 3},
-        {"default": true, "causal": true, "block_n": 64, "num_buffers": 3, "consumer_keys": true}]' \
-        > "$out/${day}_${gpu}_gluon_fwd_consumer_keys.log" 2>&1
-    echo "consumer_keys bench rc $?"; grep -v -i warn "$out/${day}_${gpu}_gluon_fwd_consumer_keys.log" | tail -14
-    ;;
 bwd-all)  # every shipped backward file retuned on the current templates (a gluon backward template or launcher
           # change makes its records stale: NOTES G-bwd7, G-bwd8), merged, then the three benches of issue 15
     db=/tmp/retune_bwd_all.db
@@ -226,7 +194,7 @@ ring)
     echo "ring rc $?"; grep '"speed"' "$out/${day}_ring_attention.jsonl"
     ;;
 *)
-    echo "steps: check fwd bwd bench varlen variants holdout on-miss split-keys-tiles consumer-keys bwd-all" \
+    echo "steps: check fwd bwd bench varlen variants holdout on-miss bwd-all" \
          "deep-bwd deep-fwd varlen-retune paged-retune short128-ncu ring" >&2; exit 2
     ;;
 esac

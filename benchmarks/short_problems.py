@@ -7,8 +7,9 @@ database is under --below-ms, written as `<out-dir>/<direction>.yaml` for `FRESH
 
     python benchmarks/short_problems.py --db tuning_db/h100.db --gpu h100 --out-dir /tmp/retime [files ...]
 
-With --head-dim-above (and --below-ms inf) it writes the problems a new variant of those head dims should be timed
-on instead: the problems past head dim 192 once split_keys is the default there (NOTES 117). With --retimed-since
+With --head-dim-above / --head-dim-to (and --below-ms inf) it writes the problems a new variant of those head dims
+should be timed on instead: the problems past head dim 192 once split_keys is the default there (NOTES 117), those
+of 129-192 once it runs over two column tiles there (NOTES 131). With --retimed-since
 (an ISO time, UTC) it leaves out the problems with a trial recorded since then: a retime that took several device
 calls goes on where the last one stopped (each call's FRESH campaign is merged into the database read here; a
 problem the time limit cut counts as retimed with the trials it got).
@@ -50,13 +51,15 @@ def recorded_since(db: str, gpu: str, direction: str, since: str) -> set[Problem
 
 
 def short_problems(files: list[str], db: str, gpu: str, direction: str, below_ms: float,
-                   head_dim_above: int = 0, retimed_since: str | None = None) -> list[dict]:
+                   head_dim_above: int = 0, retimed_since: str | None = None, head_dim_to: int | None = None
+                   ) -> list[dict]:
     """Problems files' plain problems (no variant, packed sequence or cache) tuned faster than below_ms, past head
-    dim head_dim_above, and with no trial since retimed_since, once each."""
+    dim head_dim_above and to head_dim_to, and with no trial since retimed_since, once each."""
     best = {problem: min(times.values()) for problem, times in timed(db, gpu, direction).items()}
     done = recorded_since(db, gpu, direction, retimed_since) if retimed_since else set()
     problems = dict.fromkeys(p for f in files for p in load_problems(f) if not p.gates() and p in best
-                             and best[p] < below_ms and p.head_dim > head_dim_above and p not in done)
+                             and best[p] < below_ms and head_dim_above < p.head_dim <= (head_dim_to or p.head_dim)
+                             and p not in done)
     return [dict(batch=p.batch, heads_q=p.heads_q, heads_kv=p.heads_kv, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
                  head_dim=p.head_dim, causal=p.causal, dtype=p.dtype) for p in problems]
 
@@ -68,6 +71,7 @@ def main():
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--below-ms", type=float, default=0.2)
     parser.add_argument("--head-dim-above", type=int, default=0)
+    parser.add_argument("--head-dim-to", type=int, help="the largest head dim kept [default: every one]")
     parser.add_argument("--retimed-since", help="ISO time (UTC): leave out problems with a trial recorded since")
     parser.add_argument("files", nargs="*", help="problems files [default: the campaign's and the examples']")
     args = parser.parse_args()
@@ -76,9 +80,9 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     for direction in ("fwd", "bwd"):
         problems = short_problems(files, args.db, args.gpu, direction, args.below_ms, args.head_dim_above,
-                                  args.retimed_since)
+                                  args.retimed_since, args.head_dim_to)
         (out / f"{direction}.yaml").write_text(
-            f"# {args.gpu} {direction} problems past head dim {args.head_dim_above} tuned under {args.below_ms} ms in "
+            f"# {args.gpu} {direction} problems of head dims {args.head_dim_above + 1}-{args.head_dim_to or 'any'} tuned under {args.below_ms} ms in "
             f"{args.db}: to retime (NOTES 112, 117)\n"
             + yaml.safe_dump({"problems": problems}, default_flow_style=None, sort_keys=False))
         print(f"{direction}: {len(problems)} problems -> {out / f'{direction}.yaml'}")

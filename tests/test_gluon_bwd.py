@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from autoflash import checks, codegen
-from autoflash.families.gluon import limits
 from autoflash.families.gluon.defaults import default_knobs
 from autoflash.families.gluon.knobs import BwdKnobs
 from autoflash.families.gluon.limits import violations
@@ -221,9 +220,8 @@ def test_split_keys(head_dim, dtype, causal):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("num_buffers", [1, 2])
-def test_split_keys_over_column_tiles(head_dim, dtype, causal, num_buffers, monkeypatch):
+def test_split_keys_over_column_tiles(head_dim, dtype, causal, num_buffers):
     """split_keys with the columns in two tiles, 128 and 64 (NOTES 118), one or two ring slots."""
-    monkeypatch.setattr(limits, "UNTESTED_ALLOWED", True)
     _check_split_keys(dataclasses.replace(SPLIT_KEYS_TILES, num_buffers=num_buffers), head_dim, dtype, causal)
 
 
@@ -245,10 +243,9 @@ def _check_split_keys(base, head_dim, dtype, causal):
 
 
 @pytest.mark.parametrize("case", VARIANT_CASES[:2] + VARIANT_CASES[4:6] + [(True, (256, -1), 30.0, None)], ids=str)
-def test_split_keys_with_variants(case, monkeypatch):
+def test_split_keys_with_variants(case):
     """split_keys with windows and softcapping (S's path, over a warpgroup's 32 keys), over one padded tile and two
     column tiles."""
-    monkeypatch.setattr(limits, "UNTESTED_ALLOWED", True)
     _check_fixed_variants(SPLIT_KEYS, case, [(1, 4, 2, 1000, 1000, 256), (1, 2, 1, 123, 777, 192)])
     _check_fixed_variants(SPLIT_KEYS_TILES, case, [(1, 4, 2, 1000, 1000, 192), (1, 2, 1, 123, 777, 160)])
 

@@ -178,28 +178,31 @@ def test_a_mask_mod_whose_tensors_change_in_place(monkeypatch):
     replays = []
     real_replay = torch.cuda.CUDAGraph.replay
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
+    before = graphs.COUNTS.copy()
     q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 2, 1000, 1000, 64, torch.float16, "cuda", seed=1))
     ids = torch.zeros(1000, dtype=torch.int32, device="cuda")
+    generator = torch.Generator().manual_seed(0)
     for call, bounds in enumerate(([300, 600], [130, 900], [500], [300, 600], [64, 128, 700], [], [999], [1])):
-        fresh = torch.zeros(1000, dtype=torch.int32, device="cuda")
+        fresh = torch.zeros(1000, dtype=torch.int32)  # (made on the host: no device block between the calls')
         for bound in bounds:
             fresh[bound:] += 1
         if call % 2:
             del ids
-            ids = fresh  # (a new tensor, most likely at the freed one's address)
+            ids = fresh.cuda()  # (a new tensor, most likely at the freed one's address)
         else:
             ids.copy_(fresh)  # (in place: the same tensor, its version bumped)
         mod = autoflash.MaskMod(same_document, ids)
         out, lse = autoflash.attention(q, k, v, causal=True, mask_mod=mod, return_lse=True)
-        dout = torch.randn_like(out)
+        dout = torch.randn(out.shape, generator=generator, dtype=out.dtype).cuda()
         grads = torch.autograd.grad(out, (q, k, v), dout)
         torch.cuda.synchronize()
         assert_matches_reference(out.detach(), lse.detach(), q.detach(), k.detach(), v.detach(), True, mask_mod=mod)
         expected = attention_backward_reference(*(t.detach() for t in (q, k, v)), dout, True, mask_mod=mod)
         for name, err in zip(("dq", "dk", "dv"), gradient_errors(grads, expected)):
             assert err < GRAD_TOLERANCE[torch.float16], f"call {call} ({bounds}): {name} relative error {err:.2e}"
-        del out, lse, grads
-    assert replays, "no mask_mod pass was replayed from a graph: its addresses never came back"
+        del out, lse, dout, grads, expected  # (the next call's land where these were)
+    counts = graphs.COUNTS - before
+    assert replays, f"no mask_mod pass was replayed from a graph (its calls: {dict(counts)})"
 
 
 def test_a_mask_mod_in_a_cuda_graph_follows_its_tensors():

@@ -39,6 +39,8 @@ def test_only_problems_tuned_under_the_bound_are_kept(tmp_path):
     assert short_problems([shapes], db, "h200", "fwd", 0.2) == []  # (another GPU's records)
     assert short_problems([shapes], db, "h100", "fwd", float("inf"), head_dim_above=64) == []
     assert len(short_problems([shapes], db, "h100", "fwd", float("inf"), head_dim_above=32)) == 2
+    assert short_problems([shapes], db, "h100", "fwd", float("inf"), head_dim_above=32, head_dim_to=63) == []
+    assert len(short_problems([shapes], db, "h100", "fwd", float("inf"), head_dim_above=32, head_dim_to=64)) == 2
 
 
 def test_problems_retimed_since_a_time_are_left_out(tmp_path):

@@ -2,7 +2,6 @@
 
 import datetime
 import json
-import os
 import platform
 import sys
 
@@ -52,6 +51,7 @@ def bench(shapes_file, plot_path, out_path, rounds, graph, mode):
     import autoflash
     from autoflash import codegen
     from autoflash.bench import bench_problem, plot, precompile
+    from autoflash.gpu import usable_cores
 
     if not torch.cuda.is_available():
         raise click.ClickException("autoflash bench needs a CUDA GPU")
@@ -63,7 +63,7 @@ def bench(shapes_file, plot_path, out_path, rounds, graph, mode):
     problems = problems_of(shapes_file)
     for direction in ("fwd", "bwd") if mode == "both" else (mode,):
         context["templates"] = codegen.current_fingerprints(direction)
-        precompile(problems, direction, workers=min(len(problems), os.cpu_count() or 1))
+        precompile(problems, direction, workers=min(len(problems), usable_cores()))
         results = []
         click.echo(f"{direction + ' problem':<36} " + " ".join(f"{n:>14}" for n in (
             "autoflash", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")) + "   vs SDPA  source")

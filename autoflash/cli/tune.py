@@ -45,6 +45,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     """Tune the kernels of every problem in SHAPES (forward, backward or both) and record every trial."""
     require_extra("tune", "optuna", "sqlalchemy")
     from autoflash.families import DIRECTIONS
+    from autoflash.gpu import usable_cores
 
     directions = DIRECTIONS if mode == "both" else (mode,)
     searched = family_list(family_names, directions)
@@ -57,7 +58,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         options = dict(shapes=shapes_file, gpu=gpu_name, trials=trials, time_budget=time_budget, mode=mode,
                        db=db_url, sampler=sampler, seed=seed, trial_timeout=trial_timeout, interpret=interpret,
                        families=family_names, warm_from=warm_from,
-                       workers=workers if workers is not None else max(1, ((os.cpu_count() or 2) - 1) // len(chosen)))
+                       workers=workers if workers is not None else max(1, (usable_cores() - 1) // len(chosen)))
         sys.exit(fan_out(chosen, options))
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported

@@ -22,6 +22,7 @@ from multiprocessing.connection import wait
 import torch
 
 from autoflash.families import knobs_from_json
+from autoflash.gpu import usable_cores
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
 from autoflash.tune import past
@@ -178,7 +179,7 @@ class _Worker:
 
 def default_compile_workers(interpret: bool) -> int:
     """One compile worker a core but the tuner's; none in the interpreter, where compiling is running."""
-    return 0 if interpret else max(1, (os.cpu_count() or 2) - 1)
+    return 0 if interpret else max(1, usable_cores() - 1)
 
 
 class Runner:

@@ -102,3 +102,19 @@ def test_a_failed_tuner_is_reported_by_its_error_not_its_progress_labels():
     os.remove(path)
     assert tune_cli.failure("Error: no such file\n", "0").startswith("Error: no such file (")
     assert tune_cli.failure("b1 h8 s512 d64 fp16 fwd\n", "0").startswith("no error message (")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_compile_pools_follow_the_cores_the_process_was_given():
+    """Under taskset (a job given a share of a host's cores) the pools are sized from the cores the process may use,
+    not the machine's count: a 1-GPU tuner on 32 of 64 cores once started 63 compile workers on them."""
+    from autoflash.gpu import usable_cores
+    from autoflash.tune.runner import default_compile_workers
+
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        assert usable_cores() == 1 and default_compile_workers(interpret=False) == 1
+    finally:
+        os.sched_setaffinity(0, before)
+    assert usable_cores() == len(before)

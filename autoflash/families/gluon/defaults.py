@@ -23,8 +23,9 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
     no tile_overlap (NOTES G16: +4-40%; G17). None where the family cannot run the problem. The backward (every
     untuned backward's default where it runs: autoflash.families.default_order): two consumer warpgroups, 64-row
-    steps, two ring slots (NOTES G-bwd3, G-bwd6); past head dim 128 two column tiles where head_dim_split runs,
-    else the warpgroups' own 32 keys with one ring slot (split_keys, NOTES 117), else 32-row steps; under GQA with
+    steps, two ring slots (NOTES G-bwd3, G-bwd6); past head dim 128 the warpgroups' own 32 keys (split_keys), over
+    two column tiles where head_dim_split pays (NOTES 131), else over the padded tile with one ring slot (NOTES 117),
+    where it is not rendered two column tiles alone, else 32-row steps; under GQA with
     causal masking (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past
     it (NOTES
     G-bwd13: GQA 8:1 causal 4k 0.80-0.83x plain SDPA -> 0.89-0.93x; the retuned records: causal 2k-32k 1.0-1.14x
@@ -55,15 +56,18 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         splits, uneven = _group_splits(group, 8 if eight else 4 if d <= 64 else 8 if wide else 2)
         unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
                            num_buffers=3 if eight else 2, dq_turns=turns, dv_late=late and not eight)
-        # (past head dim 128 where the split pays: two column tiles in 64-row steps, which the padded tile's shared
-        # memory does not hold; NOTES G-bwd23. Where it does not (200-256 columns) the warpgroups split the keys,
-        # 32 each with all their columns, in 64-row steps: 1.06-1.21x the 32-row steps on the H200, NOTES 117)
+        # Past head dim 128 the warpgroups split the keys, 32 each with all their columns, in 64-row steps: over two
+        # column tiles with two ring slots where the column split pays (160, 192: 1.08-1.22x the column split alone
+        # on the H200, NOTES 131), else over the padded tile with one slot (200-256 columns: 1.06-1.21x the 32-row
+        # steps, NOTES 117). Where split_keys is not rendered (packed sequences, mask_mods, ALiBi) the column split
+        # alone in 64-row steps (NOTES G-bwd23), else 32-row steps.
         split = d > 128 and split_pays(problem)
-        keys = d > 128 and not split
-        knobs = (replace(unsplit, block_m=64, head_dim_split=True) if split
-                 else replace(unsplit, block_m=64, num_buffers=1, split_keys=True) if keys else unsplit)
+        columns = replace(unsplit, block_m=64, head_dim_split=True)
+        keys = replace(columns, split_keys=True) if split else replace(unsplit, block_m=64, num_buffers=1,
+                                                                       split_keys=True)
+        wide = [keys, columns] if split else [keys] if d > 128 else []
         candidates = tuple(occupied(k, problem, gpu) for k in (
-            knobs, replace(knobs, group_splits=1, uneven_groups=False), unsplit,
+            *(c for k in wide for c in (k, replace(k, group_splits=1, uneven_groups=False))), unsplit,
             replace(unsplit, group_splits=1, uneven_groups=False),
             replace(unsplit, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False)))
     else:

@@ -1,7 +1,6 @@
 """What a `gluon` variant cannot run (`violations`: Hopper and Gluon, shared memory, registers, the knobs' own
 constraints) and the resource models behind it."""
 
-import os
 
 from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
@@ -288,12 +287,6 @@ def _bwd_head_dim_split_violations(knobs: BwdKnobs, problem: Problem) -> list[st
     return why
 
 
-# Knob points compiled for sm_90 that have not run on a GPU (split_keys over two column tiles, NOTES 118, both of
-# them searched knobs): refused, so neither searched nor dispatched, until their GPU tests pass. The tests lift
-# this; AUTOFLASH_UNTESTED=1 lifts it for a bench (benchmarks/gpu_next.sh split-keys-tiles).
-UNTESTED_ALLOWED = os.environ.get("AUTOFLASH_UNTESTED") == "1"
-
-
 def _split_keys_violations(knobs: BwdKnobs, problem: Problem) -> list[str]:
     """split_keys is rendered past head dim 128 for two warpgroups in 64-row steps (S's wgmma rows; 128-row steps
     do not fit shared memory), over one padded tile or two column tiles (head_dim_split, NOTES 118), for plain
@@ -305,8 +298,6 @@ def _split_keys_violations(knobs: BwdKnobs, problem: Problem) -> list[str]:
                    f"{problem.head_dim}")
     if knobs.warpgroups != 2 or knobs.block_m != 64:
         why.append("split_keys runs two warpgroups of 32 keys in 64-row steps")
-    if knobs.head_dim_split and not UNTESTED_ALLOWED:
-        why.append("split_keys over two column tiles (head_dim_split) awaits its GPU tests (NOTES 118)")
     if knobs.dq_writer or knobs.dq_turns or knobs.dv_late:
         why.append("split_keys has no dq_writer, dq_turns or dv_late (each warpgroup adds its dQ columns itself, "
                    "dV's wgmma after dS)")
