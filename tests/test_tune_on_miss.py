@@ -183,7 +183,7 @@ def test_on_a_large_host_a_few_compile_workers_start_and_the_budget_counts_once_
         given[direction] = dict(compilers=len(runner.compilers), deadline=deadline, first=first)
         return tuner.Report(problem, direction, None, None, None, trials=0, failures=0, wall_s=0.0)
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(runners, "usable_cores", lambda: 64)
     monkeypatch.setattr(on_miss.gpus, "interpreting", lambda: False)
     monkeypatch.setattr(runners, "_Worker", Starting)
     monkeypatch.setattr(tuner, "tune_problem", tune_problem)
