@@ -267,6 +267,19 @@ class Store:
         return mine, [k for k in variants if current[k] in taken and current[k] not in timed]
 
     @_store_errors
+    def claimed_by_others(self, gpu: Gpu, problem: Problem, fingerprint: str, direction: str) -> bool:
+        """Whether another live tuner holds claims on `problem`'s variants of this fingerprint (it is timing that
+        family's study now): a tuner reaching the problem searches its other families first (tune_problem)."""
+        with Session(self.engine) as s:
+            claims = s.execute(select(ClaimRow.host, ClaimRow.pid, ClaimRow.created_at)
+                               .join(VariantRow, VariantRow.id == ClaimRow.variant_id)
+                               .join(ProblemRow, ProblemRow.id == ClaimRow.problem_id)
+                               .where(ClaimRow.gpu_family == gpu.family, ProblemRow.key == problem.key(),
+                                      VariantRow.fingerprint == fingerprint, VariantRow.direction == direction)).all()
+        return any((c.host, c.pid) != (_host(), os.getpid()) and not _abandoned(c.host, c.pid, c.created_at)
+                   for c in claims)
+
+    @_store_errors
     def release_claims(self) -> None:
         """Drop this process's claims (a tuner that stops before timing what it claimed)."""
         with Session(self.engine) as s:

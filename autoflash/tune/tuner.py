@@ -170,7 +170,11 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     done, empty = {}, {}
     searched = [f for f in families.searched(direction) if family_names is None or f.name in family_names]
-    searched.sort(key=lambda f: first is None or f.name != first.family)
+    # `first`'s family first; a family another tuner is timing now last, so that two tuners on one problem time
+    # its families side by side, not one after the other (NOTES 133, 137)
+    busy = {f.name for f in searched if store.claimed_by_others(
+        gpu, problem, codegen.template_fingerprint(f.name, direction, problem.gates()), direction)}
+    searched.sort(key=lambda f: (first is None or f.name != first.family, f.name in busy))
     for families_left, family in zip(range(len(searched), 0, -1), searched):
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
                                     sampler=sampler, n_trials=n_trials, seed=seed, on_trial=on_trial, first=first,

@@ -155,3 +155,34 @@ def test_a_trial_waits_for_a_claimer_reading_the_problem(postgres_server):
     thread.join(timeout=30)
     assert recorded.is_set()
     store.close()
+
+
+def test_a_family_another_tuner_is_timing_is_searched_last(tmp_path, monkeypatch):
+    """Two tuners on one problem time its families side by side: the one that arrives second starts with the family
+    nobody claims (NOTES 137: a tuner waited 17 s on the other's last problem, family after family)."""
+    from autoflash import families
+    from autoflash.tune import tuner
+
+    store, problem = Store(str(tmp_path / "claims.db")), Problem(1, 1, 1, 16, 16, 16, True, "float16")
+    names = [f.name for f in families.searched("fwd")]
+    assert len(names) > 1, names
+    busy = names[0]
+    fingerprint = codegen.template_fingerprint(busy, "fwd", problem.gates())
+    assert not store.claimed_by_others(INTERPRETER, problem, fingerprint, "fwd")
+    store.claim(INTERPRETER, problem, fingerprint, "fwd", ['{"block_m": 16}'], 4)
+    assert not store.claimed_by_others(INTERPRETER, problem, fingerprint, "fwd"), "this process's own claim"
+    store.release_claims()
+    with Session(store.engine) as s:  # a live tuner here (pid 1) timing the first family's variant
+        s.add(ClaimRow(gpu_family="interpreter", problem_id=store._problem(s, problem).id,
+                       variant_id=store._variant(s, '{"block_m": 32}', fingerprint, "fwd").id, host=stores._host(),
+                       pid=1, created_at=stores._now()))
+        s.commit()
+    assert store.claimed_by_others(INTERPRETER, problem, fingerprint, "fwd")
+    other = codegen.template_fingerprint(names[1], "fwd", problem.gates())
+    assert not store.claimed_by_others(INTERPRETER, problem, other, "fwd")
+
+    order = []
+    monkeypatch.setattr(tuner, "_search_family", lambda family, *a, **kw: order.append(family.name) or ({}, None))
+    monkeypatch.setattr(tuner, "_sdpa_baseline", lambda *a: None)
+    tuner.tune_problem(problem, gpu=INTERPRETER, store=store, runner=None, n_trials=2)
+    assert order == names[1:] + [busy]
