@@ -61,11 +61,13 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         # on the H200, NOTES 131), else over the padded tile with one slot (200-256 columns: 1.06-1.21x the 32-row
         # steps, NOTES 117). Where split_keys is not rendered (packed sequences, mask_mods, ALiBi) the column split
         # alone in 64-row steps (NOTES G-bwd23), else 32-row steps.
-        split = d > 128 and split_pays(problem)
         columns = replace(unsplit, block_m=64, head_dim_split=True)
-        keys = replace(columns, split_keys=True) if split else replace(unsplit, block_m=64, num_buffers=1,
-                                                                       split_keys=True)
-        wide = [keys, columns] if split else [keys] if d > 128 else []
+        if d > 128 and split_pays(problem):
+            wide = [replace(columns, split_keys=True), columns]
+        elif d > 128:
+            wide = [replace(unsplit, block_m=64, num_buffers=1, split_keys=True)]
+        else:
+            wide = []
         candidates = tuple(occupied(k, problem, gpu) for k in (
             *(c for k in wide for c in (k, replace(k, group_splits=1, uneven_groups=False))), unsplit,
             replace(unsplit, group_splits=1, uneven_groups=False),

@@ -51,7 +51,7 @@ class FwdKnobs(Knobs):
                                "(causal) each consumer computes the key blocks to its own last row's diagonal, not "
                                "the tile's: blocks past it the producer releases for it, and a last block whose "
                                "second half it never sees it computes half of (two consumers: the first skips the "
-                               "diagonal's second 64-key block, or half of a 128-key one; NOTES 120, 131)")
+                               "diagonal's second 64-key block, or half of a 128-key one; NOTES 120, 132)")
     consumer_regs: int = knob(240, (240, 232, 160), "registers per thread of each consumer warpgroup but the first")
     producer_regs: int = knob(24, (24, 32, 40), "registers per thread of the producer warp('s warpgroup)")
 

@@ -1,7 +1,6 @@
 """What a `gluon` variant cannot run (`violations`: Hopper and Gluon, shared memory, registers, the knobs' own
 constraints) and the resource models behind it."""
 
-
 from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
 from autoflash.knobs import MAX_GRID_Y, cdiv, head_dim_pad
