@@ -132,6 +132,7 @@ class RecordingRunner:
 
     def __init__(self, batches: list):
         self.batches = batches
+        self.seconds = {}  # (the runner's compile and timing seconds: it spends none)
 
     def run(self, problem, variants, on_outcome, deadline=None):
         from autoflash.tune.trial import Outcome

@@ -214,6 +214,9 @@ def test_a_complete_study_is_reported_without_building_its_space(tmp_path, monke
                             lambda family, *a: built.append(family.name == "tl") or searched_space(family, *a))
         again = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=3, seed=0)
         assert not any(built) and store.count_trials() == 3
+        # where the time went: the first run checked and timed its trials (the interpreter has no compile pool);
+        # the report from the store timed nothing
+        assert first.seconds["time"] > 0 and "compile" not in first.seconds and "time" not in again.seconds
         assert (again.best, again.best_ms, again.trials, again.failures) == (first.best, first.best_ms, 3,
                                                                                first.failures)
         more = tune_problem(TINY, gpu=INTERPRETER, store=store, runner=runner, sampler="random", n_trials=4, seed=0)
@@ -260,6 +263,10 @@ def test_report_tells_a_problem_that_failed_from_one_other_tuners_hold():
     held = tuner.Report(TINY, "fwd", None, None, None, trials=0, failures=0, wall_s=1.0)
     header, failed_line, held_line = format_reports([failed, held]).splitlines()
     assert failed_line.endswith("(no variant passed)") and held_line.endswith("other tuners hold its trials)")
+    failed.seconds = dict(compile=12.3, time=3.5, wait=0.5)
+    _, line, _ = format_reports([failed, held]).splitlines()
+    assert header.split()[-5:] == ["s", "compile", "timing", "waits", "best"]
+    assert line.split()[-7:-2] == ["1.0", "12.3", "3.5", "0.5", "(no"]
 
 
 def test_a_worker_that_dies_starting_is_a_clear_error():

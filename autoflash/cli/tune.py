@@ -283,12 +283,15 @@ def check_memory(problems, directions, limit: int, where: str) -> None:
 
 def format_reports(reports) -> str:
     lines = [f"{'problem':<36} {'dir':<3} {'trials':>6} {'failed':>6} {'ms':>9} {'TFLOP/s':>8} {'KV TB/s':>7} "
-             f"{'vs SDPA':>7} {'wall s':>7}  best"]
+             f"{'vs SDPA':>7} {'wall s':>7} {'compile':>7} {'timing':>7} {'waits':>6}  best"]
     for r in reports:
         tbps = f"{r.kv_tbps:7.2f}" if r.kv_tbps else f"{'-':>7}"
         ms = f"{r.best_ms:9.4f} {r.tflops:8.1f} {tbps}" if r.best_ms else f"{'-':>9} {'-':>8} {'-':>7}"
         speedup = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7}"
         best = r.best.to_json() if r.best else f"no valid variant: {r.no_valid_variant}" if r.no_valid_variant \
             else "(no variant passed)" if r.trials else "(no trial finished here: other tuners hold its trials)"
-        lines.append(f"{r.problem.label():<36} {r.direction:<3} {r.trials:>6} {r.failures:>6} {ms} {speedup} {r.wall_s:7.1f}  {best}")
+        phases = " ".join(f"{r.seconds.get(name, 0.0):{width}.1f}" for name, width in (("compile", 7), ("time", 7),
+                                                                                        ("wait", 6)))
+        lines.append(f"{r.problem.label():<36} {r.direction:<3} {r.trials:>6} {r.failures:>6} {ms} {speedup} "
+                     f"{r.wall_s:7.1f} {phases}  {best}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from multiprocessing.connection import wait
 
@@ -189,6 +190,7 @@ class Runner:
     def __init__(self, *, interpret: bool, compile_workers: int | None = None, trial_timeout: float = 180.0,
                  loader: str = DEFAULT_LOADER):
         self.timeout = trial_timeout
+        self.seconds: Counter = Counter()  # wall seconds spent compiling ("compile") and checking and timing ("time")
         args = (loader, interpret)
         if compile_workers is None:
             compile_workers = default_compile_workers(interpret)
@@ -205,19 +207,25 @@ class Runner:
         def compiled(knobs, outcome):
             if outcome.status != "ok":
                 on_outcome(knobs, outcome)
+        started = time.monotonic()
         if self.compilers:  # they start the variants; each one started is then checked and timed, deadline or not
             outcomes = self._map(self.compilers, problem, variants, compiled, deadline)
             for worker in self.compilers:  # their inputs would crowd the measuring worker's out of the GPU
                 worker.release()
+            compiled_at = time.monotonic()
+            self.seconds["compile"] += compiled_at - started
+            started = compiled_at
             to_measure = [k for k in variants if k in outcomes and outcomes[k].status == "ok"]
             outcomes.update(self._map([self.measurer], problem, to_measure, on_outcome, None))
         else:
             outcomes = self._map([self.measurer], problem, variants, on_outcome, deadline)
+        self.seconds["time"] += time.monotonic() - started
         return [outcomes.get(k) for k in variants]
 
     def sdpa_ms(self, problem: Problem, direction: str = "fwd") -> float | None:
         """torch SDPA on `problem` (its forward, or its backward alone), timed by the measuring worker;
         None where it cannot run."""
+        started = time.monotonic()
         self.measurer.send(("sdpa", problem, direction, None), self.timeout)
         try:
             answer = self.measurer.conn.recv() if self.measurer.conn.poll(self.timeout) else None
@@ -225,6 +233,7 @@ class Runner:
             answer = None
         if answer is None:
             self.measurer.restart()
+        self.seconds["time"] += time.monotonic() - started
         return answer if isinstance(answer, float) else None
 
     def _map(self, workers: list[_Worker], problem: Problem, variants: list[Knobs], on_outcome,

@@ -10,8 +10,9 @@ database claim each variant in the store before timing it (Store.claim): togethe
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +38,9 @@ class Report:
     failures: int
     wall_s: float
     no_valid_variant: str | None = None  # why no variant of any family could be tried (then nothing was)
+    # where the wall seconds went: "compile" (the compile workers' batches), "time" (checking and timing, SDPA's
+    # baseline too), "wait" (for variants another tuner was timing); the rest is the search's and the store's
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def tflops(self) -> float | None:
@@ -166,7 +170,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     equal share of the time left to it. `first`: a variant timed before anything else, deadline or not, its family
     searched first (on-miss's fallback, what dispatch ran before: the search's choice is never slower).
     `warm_stores`: read-only stores whose other GPUs' winners of `problem` are first guesses, beside `store`'s."""
-    started = time.monotonic()
+    started, before, waits = time.monotonic(), Counter(runner.seconds), Counter()
     sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     done, empty = {}, {}
     searched = [f for f in families.searched(direction) if family_names is None or f.name in family_names]
@@ -179,10 +183,11 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
                                     sampler=sampler, n_trials=n_trials, seed=seed, on_trial=on_trial, first=first,
                                     deadline=earliest(_share(deadline, families_left), time_budget),
-                                    warm_stores=(store, *warm_stores))
+                                    warm_stores=(store, *warm_stores), waits=waits)
         done |= found
         if why:
             empty[family.name] = why
+    seconds = {name: round(t, 1) for name, t in (Counter(runner.seconds) - before + waits).items()}
     if len(empty) == len(searched):  # no family searched can run it: say so in the store
         for family, why in empty.items():
             fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
@@ -191,12 +196,14 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
                 store.record_trial(gpu, problem, NO_VARIANT, fingerprint, "no_valid_variant", error=why,
                                    direction=direction)
         return Report(problem, direction, None, None, None, trials=0, failures=0, wall_s=time.monotonic() - started,
-                      no_valid_variant="; ".join(f"{family}: {why}" for family, why in empty.items()))
+                      no_valid_variant="; ".join(f"{family}: {why}" for family, why in empty.items()),
+                      seconds=seconds)
     ok = {k: t for k, t in done.items() if t.status == "ok"}
     best = min(ok, key=lambda k: ok[k].median_ms, default=None)
     return Report(problem, direction, families.knobs_from_json(direction, best) if best else None,
                   ok[best].median_ms if best else None,
-                  sdpa_ms, trials=len(done), failures=len(done) - len(ok), wall_s=time.monotonic() - started)
+                  sdpa_ms, trials=len(done), failures=len(done) - len(ok), wall_s=time.monotonic() - started,
+                  seconds=seconds)
 
 
 def _share(deadline: float | None, families_left: int) -> float | None:
@@ -224,7 +231,7 @@ def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, dir
 def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: Store, runner: Runner,
                    direction: str, sampler: str, n_trials: int, deadline: float | None, seed: int | None,
                    on_trial: Callable[[Knobs, float | None], None], first: Knobs | None = None,
-                   warm_stores: Sequence[Store] = ()) -> tuple[dict, str | None]:
+                   warm_stores: Sequence[Store] = (), waits: Counter) -> tuple[dict, str | None]:
     """One family's study for `problem` until `deadline` (a time.monotonic() time; None: n_trials alone): its
     finished trials (knobs JSON -> outcome), old and new, and why no variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]
@@ -253,7 +260,9 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
             elif not theirs:
                 break
             else:
+                waited = time.monotonic()
                 time.sleep(CLAIM_POLL_S)
+                waits["wait"] += time.monotonic() - waited
             done.update(store.finished(gpu.family, problem, fingerprint, direction))
         return [NOT_RUN if k not in done else done[k].median_ms if done[k].status == "ok" else None for k in wanted]
 
