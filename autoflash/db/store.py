@@ -251,10 +251,9 @@ class Store:
             timed = {families.current_json(direction, k) for k in s.scalars(
                 self._trials(gpu.family, fingerprint, direction, VariantRow.knobs)
                 .where(ProblemRow.id == problem_id, TrialRow.status != "no_valid_variant"))}
-            claims = s.execute(select(ClaimRow.id, VariantRow.knobs, ClaimRow.host, ClaimRow.pid, ClaimRow.created_at)
-                               .join(VariantRow, VariantRow.id == ClaimRow.variant_id)
-                               .where(ClaimRow.gpu_family == gpu.family, ClaimRow.problem_id == problem_id,
-                                      VariantRow.fingerprint == fingerprint, VariantRow.direction == direction)).all()
+            claims = s.execute(self._claims(gpu.family, fingerprint, direction, ClaimRow.id, VariantRow.knobs,
+                                            ClaimRow.host, ClaimRow.pid, ClaimRow.created_at)
+                               .where(ClaimRow.problem_id == problem_id)).all()
             abandoned = [c.id for c in claims if _abandoned(c.host, c.pid, c.created_at)]
             if abandoned:
                 s.execute(delete(ClaimRow).where(ClaimRow.id.in_(abandoned)))
@@ -271,11 +270,10 @@ class Store:
         """Whether another live tuner holds claims on `problem`'s variants of this fingerprint (it is timing that
         family's study now): a tuner reaching the problem searches its other families first (tune_problem)."""
         with Session(self.engine) as s:
-            claims = s.execute(select(ClaimRow.host, ClaimRow.pid, ClaimRow.created_at)
-                               .join(VariantRow, VariantRow.id == ClaimRow.variant_id)
+            claims = s.execute(self._claims(gpu.family, fingerprint, direction, ClaimRow.host, ClaimRow.pid,
+                                            ClaimRow.created_at)
                                .join(ProblemRow, ProblemRow.id == ClaimRow.problem_id)
-                               .where(ClaimRow.gpu_family == gpu.family, ProblemRow.key == problem.key(),
-                                      VariantRow.fingerprint == fingerprint, VariantRow.direction == direction)).all()
+                               .where(ProblemRow.key == problem.key())).all()
         return any((c.host, c.pid) != (_host(), os.getpid()) and not _abandoned(c.host, c.pid, c.created_at)
                    for c in claims)
 
@@ -387,6 +385,12 @@ class Store:
                                  "was written is saved: run the same command again when that process is done") from e
 
     # -- reading -----------------------------------------------------------------------------------
+    @staticmethod
+    def _claims(family: str, fingerprint: str, direction: str, *columns):
+        return (select(*columns).join(VariantRow, VariantRow.id == ClaimRow.variant_id)
+                .where(ClaimRow.gpu_family == family, VariantRow.fingerprint == fingerprint,
+                       VariantRow.direction == direction))
+
     def _trials(self, family: str, fingerprint: str, direction: str, *columns):
         return (select(*columns)
                 .join(TrialRow.variant).join(TrialRow.problem).join(TrialRow.gpu)

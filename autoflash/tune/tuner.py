@@ -61,15 +61,20 @@ def baseline_name(direction: str) -> str:
     return "sdpa" if direction == "fwd" else f"sdpa_{direction}"
 
 
+def _fingerprint(family: str, problem: Problem, direction: str) -> str:
+    """The template fingerprint a family's trials of `problem` are recorded under."""
+    return codegen.template_fingerprint(family, direction, problem.gates())
+
+
 def study_name(gpu: Gpu, problem: Problem, family: str, direction: str = "fwd") -> str:
     return (f"autoflash:{gpu.family}:{problem.key()}:{direction}:{family}:"
-            f"{codegen.template_fingerprint(family, direction, problem.gates())}")
+            f"{_fingerprint(family, problem, direction)}")
 
 
 def nearest_tuned(store: Store, gpu: Gpu, problem: Problem, family: str, direction: str = "fwd",
                   count: int = 3) -> list[Knobs]:
     """Best `family` variants of the tuned problems closest to `problem` (of the same kind: Problem.distance)."""
-    fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
+    fingerprint = _fingerprint(family, problem, direction)
     near = [(d, best.knobs) for best in store.best(gpu.family, fingerprint, direction)
             if best.problem != problem and (d := problem.distance(best.problem, direction)) is not None]
     return [families.knobs_from_json(direction, knobs) for _, knobs in sorted(near)[:count]]
@@ -106,7 +111,7 @@ def warm_best(stores: Sequence[Store], gpu: Gpu, problem: Problem, family: str, 
     other GPUs' (the H200's when tuning an H100: the same problem and templates on a GPU of the same kind, NOTES C3,
     C4: the H100's winner in 23 of 246 backwards). Timed again like any other point, never reused. The
     interpreter's records (a test run's wall times on the CPU) say nothing of a GPU's winner: they are no guess."""
-    fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
+    fingerprint = _fingerprint(family, problem, direction)
     return [families.knobs_from_json(direction, best.knobs)
             for store in stores
             for other in sorted(store.gpu_families(), key=lambda name: name != gpu.family)
@@ -176,8 +181,8 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     searched = [f for f in families.searched(direction) if family_names is None or f.name in family_names]
     # `first`'s family first; a family another tuner is timing now last, so that two tuners on one problem time
     # its families side by side, not one after the other (NOTES 133, 137)
-    busy = {f.name for f in searched if store.claimed_by_others(
-        gpu, problem, codegen.template_fingerprint(f.name, direction, problem.gates()), direction)}
+    busy = {f.name for f in searched if store.claimed_by_others(gpu, problem, _fingerprint(f.name, problem, direction),
+                                                                direction)}
     searched.sort(key=lambda f: (first is None or f.name != first.family, f.name in busy))
     for families_left, family in zip(range(len(searched), 0, -1), searched):
         found, why = _search_family(family, problem, gpu=gpu, store=store, runner=runner, direction=direction,
@@ -190,7 +195,7 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     seconds = {name: round(t, 1) for name, t in (Counter(runner.seconds) - before + waits).items()}
     if len(empty) == len(searched):  # no family searched can run it: say so in the store
         for family, why in empty.items():
-            fingerprint = codegen.template_fingerprint(family, direction, problem.gates())
+            fingerprint = _fingerprint(family, problem, direction)
             recorded = store.finished(gpu.family, problem, fingerprint, direction).get(NO_VARIANT)
             if recorded is None or recorded.error != why:
                 store.record_trial(gpu, problem, NO_VARIANT, fingerprint, "no_valid_variant", error=why,
@@ -235,7 +240,7 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     """One family's study for `problem` until `deadline` (a time.monotonic() time; None: n_trials alone): its
     finished trials (knobs JSON -> outcome), old and new, and why no variant of it can run the problem, or None."""
     knobs_class = family.knobs[direction]
-    fingerprint = codegen.template_fingerprint(family.name, direction, problem.gates())
+    fingerprint = _fingerprint(family.name, problem, direction)
     done = store.finished(gpu.family, problem, fingerprint, direction)
     done.pop(NO_VARIANT, None)
     if n_trials and sum(_searchable(family, direction, knobs, problem, gpu) for knobs in done) >= n_trials:
