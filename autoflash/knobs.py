@@ -9,6 +9,7 @@ the cache key. A new knob is one field there, one use in the family's template o
 
 import json
 from dataclasses import asdict, field, fields
+from functools import cache
 from typing import ClassVar
 
 
@@ -28,11 +29,14 @@ class Knobs:
     family: str
 
     def __post_init__(self):
-        for f in fields(self):
-            value = getattr(self, f.name)
-            # 64.0 == 64 and True == 1: a value must also be of its choice's type.
-            if not any(value == c and type(value) is type(c) for c in f.metadata["choices"]):
-                raise ValueError(f"{type(self).__name__}.{f.name}={value!r} is not one of {f.metadata['choices']}")
+        for name, allowed in _typed_choices(type(self)).items():
+            value = getattr(self, name)
+            try:
+                valid = (type(value), value) in allowed  # 64.0 == 64 and True == 1: the type must match too
+            except TypeError:  # an unhashable value (a list from a JSON record) is no choice
+                valid = False
+            if not valid:
+                raise ValueError(f"{type(self).__name__}.{name}={value!r} is not one of {self.choices()[name]}")
 
     def template_context(self) -> dict:
         """Jinja context: each knob under its upper-case name (BLOCK_M, LOADS, ...)."""
@@ -69,6 +73,13 @@ class Knobs:
     @classmethod
     def docs(cls) -> dict[str, str]:
         return {f.name: f.metadata["doc"] for f in fields(cls)}
+
+
+@cache
+def _typed_choices(cls) -> dict[str, frozenset]:
+    """Each knob's valid values as (type, value) pairs, once per class: validating is a set lookup (the tuner
+    builds every point of a family's search space, ~50k a problem)."""
+    return {f.name: frozenset((type(c), c) for c in f.metadata["choices"]) for f in fields(cls)}
 
 
 def family_knob(name: str, doc: str):

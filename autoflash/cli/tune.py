@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import click
 
@@ -43,6 +44,7 @@ from autoflash.tune import SAMPLERS
 def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed, trial_timeout, workers, interpret,
          devices, family_names, warm_from, begin_at):
     """Tune the kernels of every problem in SHAPES (forward, backward or both) and record every trial."""
+    started = time.monotonic()
     require_extra("tune", "optuna", "sqlalchemy")
     from autoflash.families import DIRECTIONS
     from autoflash.gpu import usable_cores
@@ -58,7 +60,8 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         options = dict(shapes=shapes_file, gpu=gpu_name, trials=trials, time_budget=time_budget, mode=mode,
                        db=db_url, sampler=sampler, seed=seed, trial_timeout=trial_timeout, interpret=interpret,
                        families=family_names, warm_from=warm_from,
-                       workers=workers if workers is not None else max(1, (usable_cores() - 1) // len(chosen)))
+                       workers=workers if workers is not None else min(max(1, (usable_cores() - 1) // len(chosen)),
+                                                                       trials_target(trials, sampler)))
         sys.exit(fan_out(chosen, options))
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
@@ -66,7 +69,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
 
     from autoflash import gpu as gpus
     from autoflash.db.base import StoreError
-    from autoflash.tune.runner import Runner
+    from autoflash.tune.runner import Runner, default_compile_workers
     from autoflash.tune.tuner import tune_problem
 
     problems, here = begin_at_part(problems_of(shapes_file), begin_at, kernels_shared), gpus.current()
@@ -85,13 +88,17 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     warm_stores = [open_store(url, readonly=True) for url in warm_from]
     click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
     reports = []
+    if workers is None:  # a core each, no more than a family's batch compiles at once: each costs a GPU context
+        workers = min(default_compile_workers(interpret), trials_target(trials, sampler))
     try:
         with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
+            click.echo(f"{len(runner.compilers)} compile worker(s) and a measuring worker ready "
+                       f"{time.monotonic() - started:.1f} s after the start")
             for problem in problems:
                 for direction in directions:
                     if direction == "bwd" and "PAGED" in problem.variants:
                         continue  # a KV cache serves decode and chunked prefill, which have no backward
-                    target = trials or (10 ** 9 if sampler == "grid" else 60)
+                    target = trials_target(trials, sampler)
                     label = f"{problem.label()} {direction}"
                     with click.progressbar(length=min(target, 10 ** 4), label=label, file=sys.stderr) as bar:
                         reports.append(tune_problem(problem, gpu=here, store=store, runner=runner, direction=direction,
@@ -108,6 +115,12 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     finally:
         if reports:
             click.echo(format_reports(reports))
+            click.echo(f"{len(reports)} problem(s) {time.monotonic() - started:.1f} s after the start")
+
+
+def trials_target(trials: int | None, sampler: str) -> int:
+    """Variants per problem and family: --trials, else every valid one (grid) or 60."""
+    return trials or (10 ** 9 if sampler == "grid" else 60)
 
 
 def family_list(names: str | None, directions) -> dict:

@@ -1,5 +1,5 @@
-"""SQLAlchemy 2 models: one model a table. Table names start with `autoflash_` so that Optuna's
-own tables (`studies`, `trials`, ...) can live in the same database."""
+"""SQLAlchemy 2 models: one model a table. Table names start with `autoflash_`, apart from whatever else a
+database holds (older tuning databases also hold Optuna's `studies`, `trials`, ...)."""
 
 from datetime import datetime
 

@@ -166,23 +166,6 @@ class Store:
             if "already exists" not in str(e):
                 raise
 
-    @_store_errors
-    def optuna_storage(self):
-        """Optuna's own tables in the same database, so that many processes share each study."""
-        import optuna  # the tuning extra: only tuning needs it
-
-        path = sqlite_path(self.url)
-        kwargs = {"creator": lambda: _connect(path)} if path is not None else {"pool_pre_ping": True}
-        for attempt in range(5):
-            try:
-                return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
-            except (IntegrityError, OperationalError, ProgrammingError) as e:
-                # Two processes creating Optuna's tables at once: the loser finds them made (PostgreSQL names a
-                # type or table that "already exists").
-                if attempt == 4 or (isinstance(e, ProgrammingError) and "already exists" not in str(e)):
-                    raise
-                time.sleep(0.5 * (attempt + 1))
-
     # -- rows that identify a trial --------------------------------------------------------------
     def _get_or_create(self, s: Session, model, unique: dict, extra: dict | None = None):
         row = s.scalars(select(model).filter_by(**unique)).first()

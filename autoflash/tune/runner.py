@@ -26,6 +26,7 @@ from autoflash.families import knobs_from_json
 from autoflash.gpu import usable_cores
 from autoflash.knobs import Knobs
 from autoflash.problem import Problem
+from autoflash.reference import sdpa_attention
 from autoflash.tune import past
 from autoflash.tune.packed import PackedBench
 from autoflash.tune.trial import Bench, Outcome, classify
@@ -58,6 +59,8 @@ def _serve(conn, role: str, loader: str, interpret: bool):
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     device = torch.device("cuda" if torch.cuda.is_available() and not interpret else "cpu")
+    if device.type == "cuda" and role == "measure":
+        _warm_up(device)
     bench, built, unbuilt = None, None, None  # the latest problem's Bench, its (problem, direction), or why not
     conn.send("ready")
     while True:
@@ -105,6 +108,22 @@ def _serve(conn, role: str, loader: str, interpret: bool):
         conn.send(outcome)
         if outcome.fatal:
             return
+
+
+def _warm_up(device: torch.device):
+    """The measuring worker's GPU context, cuBLAS (the fp64 reference) and SDPA's libraries (the baseline), made
+    while the compile workers start, not in the first problem's timing seconds (NOTES 140: 10.5 -> 5.2 s). Not in
+    the compile workers: the driver creates contexts one at a time host-wide, so theirs made at the start only
+    lengthen it (ready 7.9 -> 18.4 s with two tuners). A failure here is left to the first request to report."""
+    try:
+        x = torch.ones(64, 64, device=device, dtype=torch.float64)
+        x @ x
+        for dtype in (torch.float16, torch.bfloat16):
+            q = torch.ones(1, 2, 128, 64, device=device, dtype=dtype, requires_grad=True)
+            sdpa_attention(q, q, q, True).sum().backward()
+        torch.cuda.synchronize(device)
+    except Exception:
+        pass
 
 
 class _Worker:
@@ -166,11 +185,15 @@ class _Worker:
         self.stderr.close()
         self._start()
 
-    def close(self):
+    def stop(self):
+        """Ask the worker to exit (it frees its GPU context on the way out); `close` waits for it."""
         try:
             self.conn.send(None)
         except (OSError, EOFError):
             pass
+
+    def close(self):
+        self.stop()
         self.process.join(5)
         if self.process.is_alive():
             self.process.kill()
@@ -277,7 +300,10 @@ class Runner:
                     worker.restart()
 
     def close(self):
-        for worker in (*self.compilers, self.measurer):
+        workers = (*self.compilers, self.measurer)
+        for worker in workers:  # all at once: each takes ~1 s to free its GPU context
+            worker.stop()
+        for worker in workers:
             worker.close()
 
     def __enter__(self):

@@ -287,8 +287,11 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
                *nearest_tuned(store, gpu, problem, family.name, direction)]
     warm = [k.as_point() for k in guesses if k is not None and k.family == family.name]
     known = [(knobs_class.from_json(k).as_point(), t.median_ms if t.status == "ok" else None) for k, t in done.items()]
+    # The study lives in memory, told the store's finished trials (`known`): the store is what tuners share and
+    # resume from. Optuna's tables in the database cost ~4 s a family on SQLite, most of a problem's tuning time
+    # on the H200 beside compiling and timing (NOTES 139).
     search(valid_space, evaluate, study_name=study_name(gpu, problem, family.name, direction),
-           storage=store.optuna_storage(), sampler=sampler, seed=seed, n_trials=n_trials,
+           storage=None, sampler=sampler, seed=seed, n_trials=n_trials,
            deadline=deadline, warm_start=warm, is_valid=is_valid,
            batch_size=max(4, len(runner.compilers)), known=known, on_trial=lambda p, v: on_trial(knobs_class(**p), v))
     return done, None

@@ -194,12 +194,11 @@ def test_paths_with_url_characters_are_those_files(tmp_path, name, monkeypatch):
     path = tmp_path / name / "t.db"
     store = Store(str(path))
     record(store, PROBLEM, GOOD, 2.0)
-    store.optuna_storage()  # Optuna's tables go into the same file
     store.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [name], "nothing written beside the named folder"
     assert sorted(p.name for p in path.parent.iterdir() if not p.name.endswith(("-wal", "-shm"))) == ["t.db"]
     with sqlite3.connect(path) as db:
-        assert {"autoflash_trials", "studies"} <= {n for (n,) in db.execute("SELECT name FROM sqlite_master")}
+        assert {"autoflash_trials"} <= {n for (n,) in db.execute("SELECT name FROM sqlite_master")}
     assert sqlite_path(as_url(path)) == str(path)
     [best] = records.best_trials(str(path), "interpreter", "fwd", [fingerprint("fwd")])
     assert best.knobs == GOOD.to_json()

@@ -118,3 +118,37 @@ def test_compile_pools_follow_the_cores_the_process_was_given():
     finally:
         os.sched_setaffinity(0, before)
     assert usable_cores() == len(before)
+
+
+def test_a_tuner_starts_no_more_compile_workers_than_a_batch_compiles(tmp_path, monkeypatch):
+    """A family's batch compiles --trials variants at most: a tuner given 64 cores and --trials 5 starts 5 compile
+    workers, not 63 (each one started costs an import of torch and a GPU context, NOTES 139), alone or one of
+    --devices' tuners; --workers still says exactly."""
+    import autoflash.gpu
+    import autoflash.tune.runner
+
+    shapes = problems_file(tmp_path, TWO_PROBLEMS)
+    monkeypatch.setattr(autoflash.gpu, "usable_cores", lambda: 64)
+    monkeypatch.setattr(autoflash.tune.runner, "default_compile_workers", lambda interpret: 63)
+    started = []
+
+    class Refused(Exception):
+        pass
+
+    def runner(**kwargs):
+        started.append(kwargs["compile_workers"])
+        raise Refused
+
+    monkeypatch.setattr(autoflash.tune.runner, "Runner", runner)
+    fanned = []
+    monkeypatch.setattr(tune_cli, "fan_out", lambda devices, options: fanned.append(options["workers"]) or 0)
+    for args, expected in ((["--trials", "5"], 5), ([], 60), (["--trials", "5", "--workers", "9"], 9),
+                           (["--trials", "500"], 63)):
+        started.clear()
+        result = CliRunner().invoke(main, ["tune", "--interpret", "--shapes", shapes, "--db", str(tmp_path / "t.db"),
+                                           *args])
+        assert isinstance(result.exception, Refused) and started == [expected], (args, started, result.output)
+    for args, expected in ((["--trials", "5"], 5), (["--trials", "50"], 31), (["--workers", "2"], 2)):
+        fanned.clear()
+        CliRunner().invoke(main, ["tune", "--interpret", "--devices", "0,1", "--shapes", shapes, *args])
+        assert fanned == [expected], (args, fanned)

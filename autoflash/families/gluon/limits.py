@@ -1,6 +1,8 @@
 """What a `gluon` variant cannot run (`violations`: Hopper and Gluon, shared memory, registers, the knobs' own
 constraints) and the resource models behind it."""
 
+from functools import lru_cache
+
 from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
 from autoflash.knobs import MAX_GRID_Y, cdiv, head_dim_pad
@@ -16,12 +18,18 @@ def column_tiles(knobs: FwdKnobs | BwdKnobs, problem: Problem) -> tuple[int, ...
     """Widths of the column tiles Q, K, V and O span, as the launcher splits them (templates/common/launch_columns.py):
     the head dim padded to a power of two, or with head_dim_split the largest power of two below it and the rest
     padded (the backward's second tile at least 64 columns with split_keys: templates/gluon/launch_bwd.py)."""
-    point = {"head_dim_split": knobs.head_dim_split}
-    if knobs.DIRECTION == "bwd":
-        columns = launcher("gluon", "bwd")._column_tiles({**point, "split_keys": knobs.split_keys}, problem.head_dim)
-    else:
-        columns = launcher("common", "columns").column_tiles(point, problem.head_dim)
-    return tuple(w for w in columns if w)
+    split_keys = knobs.split_keys if knobs.DIRECTION == "bwd" else None
+    return tuple(w for w in _launcher_columns(knobs.head_dim_split, split_keys, problem.head_dim) if w)
+
+
+@lru_cache(maxsize=None)
+def _launcher_columns(head_dim_split: bool, split_keys: bool | None, head_dim: int) -> tuple[int, int]:
+    """The launcher's column tiles (split_keys None: the forward's), once per argument: the tuner asks for them
+    for every point of a search space."""
+    if split_keys is None:
+        return launcher("common", "columns").column_tiles({"head_dim_split": head_dim_split}, head_dim)
+    return launcher("gluon", "bwd")._column_tiles({"head_dim_split": head_dim_split, "split_keys": split_keys},
+                                                  head_dim)
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
@@ -42,8 +50,7 @@ def bwd_tiles(knobs: BwdKnobs, head_dim: int) -> tuple[int, int, int, int]:
     equal)."""
     d, wg, m = head_dim_pad(head_dim), knobs.warpgroups, knobs.block_m
     if knobs.head_dim_split:
-        tiles = launcher("gluon", "bwd")._column_tiles({"head_dim_split": True, "split_keys": knobs.split_keys},
-                                                         head_dim)
+        tiles = _launcher_columns(True, knobs.split_keys, head_dim)
         # (split_keys: 64 // wg keys a consumer, both tiles' columns; dQ's a tile a warpgroup, the first's here)
         return 64, sum(tiles) if knobs.split_keys and d > 128 else tiles[0], m, tiles[0]
     if knobs.split_keys and d > 128:  # (64 // wg keys a consumer, all their columns; dQ's columns split)
