@@ -1,6 +1,7 @@
 """The tuner end to end under Triton's interpreter: trials recorded, failures classified, resumes (concurrency and
 faults: tests/reliability/)."""
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -361,3 +362,31 @@ def test_a_family_stops_at_its_budget_or_the_deadline_whichever_comes_first():
     assert earliest(None, None) is None and earliest(now + 5, None) == now + 5
     assert now + 9 <= earliest(None, 10) <= time.monotonic() + 10
     assert earliest(now + 100, 1) <= time.monotonic() + 1 and earliest(now + 1, 100) == now + 1
+
+
+def test_tpe_told_its_space_proposes_what_optunas_own_tpe_does(monkeypatch):
+    """The search's TPE returns the study's space instead of recomputing the intersection of every trial's (NOTES
+    141): as every trial is asked with the same distributions, the proposals are Optuna's own, invalid points (told
+    as pruned) and repeats included."""
+    from autoflash.tune import search as searching
+
+    space = searching.restricted_space(FwdKnobs.search_space(), lambda point: True)
+
+    def digest(point, digits):
+        return int(hashlib.md5(repr(searching._key(point)).encode()).hexdigest()[:digits], 16)
+
+    def proposals(make_sampler):
+        monkeypatch.setattr(searching, "make_sampler", make_sampler)
+        order = []
+
+        def evaluate(points):
+            order.extend(searching._key(p) for p in points)
+            return [digest(p, 6) / 1e6 for p in points]
+        search(space, evaluate, study_name="same", storage=None, seed=3, n_trials=24, batch_size=8,
+               is_valid=lambda point: digest(point, 2) % 4 != 0)  # a quarter of the points invalid
+        return order
+
+    options = dict(multivariate=True, constant_liar=True, n_startup_trials=8)
+    ours = proposals(lambda name, seed, space: searching._FixedSpaceTPE(space, seed=seed, **options))
+    theirs = proposals(lambda name, seed, space: optuna.samplers.TPESampler(seed=seed, **options))
+    assert len(ours) == 24 and ours == theirs

@@ -176,6 +176,9 @@ def test_on_a_large_host_a_few_compile_workers_start_and_the_budget_counts_once_
         def wait_ready(self):
             ready.append(time.monotonic())
 
+        def stop(self):
+            pass
+
         def close(self):
             pass
 
