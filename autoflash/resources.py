@@ -64,6 +64,15 @@ def launcher(family: str, part: str = ""):
     return module
 
 
+@lru_cache(maxsize=None)
+def head_dim_tiles(head_dim_split: bool, head_dim: int) -> tuple[int, ...]:
+    """Widths of the column tiles a head dim spans, as every family's forward launcher splits it
+    (templates/common/launch_columns.py), zero widths dropped; once per argument: the tuner asks for every point of a
+    search space."""
+    return tuple(w for w in launcher("common", "columns").column_tiles({"head_dim_split": head_dim_split}, head_dim)
+                 if w)
+
+
 def borrowed(source: str) -> list[tuple[str, str]]:
     """(family, part) of each launcher that a launcher's `source` builds on from another family: the BORROWED
     globals it declares."""

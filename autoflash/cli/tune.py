@@ -87,9 +87,9 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     store = open_store(db_url)
     warm_stores = [open_store(url, readonly=True) for url in warm_from]
     click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
-    reports = []
+    reports, target = [], trials_target(trials, sampler)
     if workers is None:  # a core each, no more than a family's batch compiles at once: each costs a GPU context
-        workers = min(default_compile_workers(interpret), trials_target(trials, sampler))
+        workers = min(default_compile_workers(interpret), target)
     try:
         with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
             click.echo(f"{len(runner.compilers)} compile worker(s) and a measuring worker ready "
@@ -98,7 +98,6 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
                 for direction in directions:
                     if direction == "bwd" and "PAGED" in problem.variants:
                         continue  # a KV cache serves decode and chunked prefill, which have no backward
-                    target = trials_target(trials, sampler)
                     label = f"{problem.label()} {direction}"
                     with click.progressbar(length=min(target, 10 ** 4), label=label, file=sys.stderr) as bar:
                         reports.append(tune_problem(problem, gpu=here, store=store, runner=runner, direction=direction,

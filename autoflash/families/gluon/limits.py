@@ -7,7 +7,7 @@ from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
 from autoflash.knobs import MAX_GRID_Y, cdiv, head_dim_pad
 from autoflash.problem import Problem
-from autoflash.resources import launcher
+from autoflash.resources import head_dim_tiles, launcher
 
 MAX_REGISTERS = 65536  # per SM, and one program holds an SM
 BWD_CONSUMER_REGISTERS = 240  # setmaxnreg of the backward's consumer warpgroups (templates/gluon/attn_bwd.py.jinja)
@@ -18,18 +18,17 @@ def column_tiles(knobs: FwdKnobs | BwdKnobs, problem: Problem) -> tuple[int, ...
     """Widths of the column tiles Q, K, V and O span, as the launcher splits them (templates/common/launch_columns.py):
     the head dim padded to a power of two, or with head_dim_split the largest power of two below it and the rest
     padded (the backward's second tile at least 64 columns with split_keys: templates/gluon/launch_bwd.py)."""
-    split_keys = knobs.split_keys if knobs.DIRECTION == "bwd" else None
-    return tuple(w for w in _launcher_columns(knobs.head_dim_split, split_keys, problem.head_dim) if w)
+    if knobs.DIRECTION == "bwd":
+        return _bwd_column_tiles(knobs.head_dim_split, knobs.split_keys, problem.head_dim)
+    return head_dim_tiles(knobs.head_dim_split, problem.head_dim)
 
 
 @lru_cache(maxsize=None)
-def _launcher_columns(head_dim_split: bool, split_keys: bool | None, head_dim: int) -> tuple[int, int]:
-    """The launcher's column tiles (split_keys None: the forward's), once per argument: the tuner asks for them
-    for every point of a search space."""
-    if split_keys is None:
-        return launcher("common", "columns").column_tiles({"head_dim_split": head_dim_split}, head_dim)
-    return launcher("gluon", "bwd")._column_tiles({"head_dim_split": head_dim_split, "split_keys": split_keys},
-                                                  head_dim)
+def _bwd_column_tiles(head_dim_split: bool, split_keys: bool, head_dim: int) -> tuple[int, ...]:
+    """The backward launcher's column tiles, zero widths dropped, once per argument (as `head_dim_tiles`)."""
+    columns = launcher("gluon", "bwd")._column_tiles({"head_dim_split": head_dim_split, "split_keys": split_keys},
+                                                     head_dim)
+    return tuple(w for w in columns if w)
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:
@@ -50,7 +49,7 @@ def bwd_tiles(knobs: BwdKnobs, head_dim: int) -> tuple[int, int, int, int]:
     equal)."""
     d, wg, m = head_dim_pad(head_dim), knobs.warpgroups, knobs.block_m
     if knobs.head_dim_split:
-        tiles = _launcher_columns(True, knobs.split_keys, head_dim)
+        tiles = _bwd_column_tiles(True, knobs.split_keys, head_dim)
         # (split_keys: 64 // wg keys a consumer, both tiles' columns; dQ's a tile a warpgroup, the first's here)
         return 64, sum(tiles) if knobs.split_keys and d > 128 else tiles[0], m, tiles[0]
     if knobs.split_keys and d > 128:  # (64 // wg keys a consumer, all their columns; dQ's columns split)

@@ -1,24 +1,17 @@
 """What the `tl` family's kernels can run, and what the tuner need not time: a resource model of shared
 memory, registers and the launch grid, checked before anything compiles."""
 
-from functools import lru_cache
-
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
 from autoflash.knobs import MAX_GRID_Y, Knobs, cdiv, head_dim_pad, next_power_of_2
 from autoflash.problem import Problem
-from autoflash.resources import launcher
+from autoflash.resources import head_dim_tiles
 
 
 def column_tiles(knobs: Knobs, problem: Problem) -> tuple[int, ...]:
     """Widths of the column tiles a program's Q, K, V and O tiles span, as the launcher splits them: the head
     dim padded to a power of two, or with head_dim_split the largest power of two below it and the rest."""
-    return _column_tiles(isinstance(knobs, FwdKnobs) and knobs.head_dim_split, problem.head_dim)
-
-
-@lru_cache(maxsize=None)
-def _column_tiles(split: bool, head_dim: int) -> tuple[int, ...]:
-    return tuple(w for w in launcher("common", "columns").column_tiles({"head_dim_split": split}, head_dim) if w)
+    return head_dim_tiles(isinstance(knobs, FwdKnobs) and knobs.head_dim_split, problem.head_dim)
 
 
 def split_saves_columns(problem: Problem) -> bool:
