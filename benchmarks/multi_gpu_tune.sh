@@ -12,6 +12,7 @@ out=$1 shapes=${2:-examples/small_batch.yaml} trials=${3:-3}
 mkdir -p "$out"
 day=$(date +%F)
 gpu=$(python -c "import torch; print(torch.cuda.get_device_name())")
+host="\"cpu\": \"$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)\", \"cores\": $(nproc)"  # (hosts differ: NOTES 142)
 versions=$(python -c "import torch, triton, optuna; print(f'\"torch\": \"{torch.__version__}\", \"triton\": \"{triton.__version__}\", \"optuna\": \"{optuna.__version__}\"')")
 for devices in ${DEVICE_SETS:-0 0,1}; do
     tag=${devices/,/_}
@@ -29,6 +30,6 @@ for devices in ${DEVICE_SETS:-0 0,1}; do
     [ -n "${RESUME:-}" ] && cp "$db"* "$out/"  # (with its -wal and -shm files, where SQLite left them)
     recorded=$(python -c "import sqlite3; print(sqlite3.connect('$db').execute('select count(*) from autoflash_trials').fetchone()[0])" \
                2>/dev/null || echo null)
-    line="{\"devices\": \"$devices\", \"seconds\": $seconds, \"rc\": $rc, \"finished\": $([ $rc = 0 ] && echo true || echo false), \"trial_rows\": $recorded, \"shapes\": \"$shapes\", \"trials\": $trials, \"gpu\": \"$gpu\", $versions, \"date\": \"$day\", \"command\": \"${RESUME:+RESUME=$RESUME }${LIMIT:+LIMIT=$LIMIT }bash benchmarks/multi_gpu_tune.sh OUT $shapes $trials\"}"
+    line="{\"devices\": \"$devices\", \"seconds\": $seconds, \"rc\": $rc, \"finished\": $([ $rc = 0 ] && echo true || echo false), \"trial_rows\": $recorded, \"shapes\": \"$shapes\", \"trials\": $trials, \"gpu\": \"$gpu\", $host, $versions, \"date\": \"$day\", \"command\": \"${RESUME:+RESUME=$RESUME }${LIMIT:+LIMIT=$LIMIT }bash benchmarks/multi_gpu_tune.sh OUT $shapes $trials\"}"
     echo "$line" | tee -a "$out/${day}_multi_gpu_tune.jsonl"
 done

@@ -12,6 +12,10 @@ import click
 from autoflash.cli.common import db_option, mode_option, one_line, open_store, problems_of, require_extra
 from autoflash.tune import SAMPLERS
 
+# How long a tuner's hold on the problem it is tuning stands if its process dies where no other sees it die (another
+# host): tuners order their problems by these holds (in_turn), and tuning on first use waits for one (on_miss).
+HOLD_S = 3600.0
+
 
 @click.command()
 @click.option("--shapes", "shapes_file", required=True, type=click.Path(exists=True, dir_okay=False),
@@ -94,16 +98,19 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
             click.echo(f"{len(runner.compilers)} compile worker(s) and a measuring worker ready "
                        f"{time.monotonic() - started:.1f} s after the start")
-            for problem in problems:
-                for direction in directions:
-                    if direction == "bwd" and "PAGED" in problem.variants:
-                        continue  # a KV cache serves decode and chunked prefill, which have no backward
-                    label = f"{problem.label()} {direction}"
+            # a KV cache serves decode and chunked prefill, which have no backward
+            jobs = [(problem, direction) for problem in problems for direction in directions
+                    if not (direction == "bwd" and "PAGED" in problem.variants)]
+            for problem, direction in in_turn(jobs, taker(store, here)):
+                label = f"{problem.label()} {direction}"
+                try:
                     with click.progressbar(length=min(target, 10 ** 4), label=label, file=sys.stderr) as bar:
                         reports.append(tune_problem(problem, gpu=here, store=store, runner=runner, direction=direction,
                                                     sampler=sampler, n_trials=target, time_budget=time_budget,
                                                     seed=seed, on_trial=lambda knobs, ms: bar.update(1),
                                                     family_names=searched[direction], warm_stores=warm_stores))
+                finally:
+                    store.release_problem(here, problem, direction)
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: every finished trial is saved in {store.url}; run the same command to resume",
                    err=True)
@@ -193,6 +200,25 @@ def begin_at_part(problems: list, begin_at: str, group=None) -> list:
         problems = sorted(problems, key=group)
     start = len(problems) * part // max(parts, 1)
     return problems[start:] + problems[:start]
+
+
+def in_turn(jobs: list, take):
+    """`jobs` in order, each taken first (`take(job)`: False while another live tuner holds it); one held elsewhere
+    is put off until every other is done, then taken anyway (its tuner helps finish it, or reports what the other
+    recorded). So tuners that meet in their lists leapfrog each other to the end, each on problems of its own, where
+    the one behind used to queue behind the other on every problem it was tuning (NOTES 142: 98 s of waits in a
+    375-s two-GPU run)."""
+    pending = list(jobs)
+    while pending:
+        job = next((job for job in pending if take(job)), pending[0])
+        pending.remove(job)
+        yield job
+
+
+def taker(store, gpu):
+    """`in_turn`'s take for tuners sharing `store`: hold the (problem, direction) in it (Store.claim_problem) unless
+    a live process holds it; one whose holder died (its claim stands until it expires) is taken unheld."""
+    return lambda job: store.claim_problem(gpu, *job, HOLD_S) or not store.problem_claim_live(gpu, *job)
 
 
 def kernels_shared(problem) -> tuple:

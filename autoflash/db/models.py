@@ -111,9 +111,10 @@ class ClaimRow(Base):
 
 
 class ProblemClaimRow(Base):
-    """A problem and direction one process is tuning on first use (autoflash/tune/on_miss.py), until `expires_at`:
-    unique, so that of many processes (data-parallel ranks) one tunes and the others wait for it. Deleted when its
-    tuner is done. One whose process died still stands until `expires_at`, so that no other process of the same job
+    """A problem and direction one process is tuning, on first use (autoflash/tune/on_miss.py) or in `autoflash tune`,
+    until `expires_at`: unique, so that of many processes (data-parallel ranks) one tunes and the others wait for it,
+    and tuners sharing a database each take problems no other holds (cli/tune.py: in_turn). Deleted when its tuner is
+    done. One whose process died still stands until `expires_at`, so that no other process of the same job
     tunes the problem again and ranks keep reading one choice (Store.claim_problem)."""
     __tablename__ = "autoflash_problem_claims"
     __table_args__ = (UniqueConstraint("gpu_family", "problem_id", "direction"),)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from autoflash.cli import main
-from autoflash.cli.tune import begin_at_part, kernels_shared
+from autoflash.cli.tune import begin_at_part, in_turn, kernels_shared, taker
 from autoflash.db.base import connect_readonly
 from autoflash.db.store import Store
 from autoflash.problem import Problem
@@ -56,6 +56,66 @@ def test_tuners_parts_group_the_problems_that_share_kernels():
     first, second = begin_at_part(problems, "0/2", kernels_shared), begin_at_part(problems, "1/2", kernels_shared)
     assert [p.head_dim for p in first[:3]] == [64] * 3 and [p.head_dim for p in second[:3]] == [128] * 3
     assert [p.seqlen_q for p in first[:3]] == [512, 1024, 2048]  # the file's order within a group
+
+
+def test_tuners_that_meet_leapfrog_to_the_end():
+    """Two tuners, the second's part three times the work of the first's: the first, done with its part, passes over
+    the problem the second holds and tunes the next free one, and so on, where it used to queue behind the second on
+    each problem (NOTES 142). Simulated: a problem takes its cost in time steps; one another tuner finished is
+    reported at once; one held elsewhere is waited for."""
+    cost = {0: 1, 1: 1, 2: 1, 3: 1, 4: 3, 5: 3, 6: 3, 7: 3}
+    held, done, tuned_by = {}, set(), {}
+    tuners = []
+    for i in range(2):
+        order = in_turn(begin_at_part(list(cost), f"{i}/2"), lambda job, i=i: held.get(job, i) == i)
+        tuners.append({"order": order, "job": None})
+    for now in range(40):
+        for i, tuner in enumerate(tuners):
+            job = tuner["job"]
+            if job is not None and held.get(job) == i and now >= tuner["until"]:
+                done.add(job)
+                del held[job]
+            if job is not None and job not in done:
+                continue  # tuning it, or waiting for the tuner that holds it
+            tuner["job"] = None
+            for job in tuner["order"]:
+                if job in done:
+                    continue  # reported from the store at once
+                tuner["job"] = job
+                if job not in held:
+                    held[job], tuned_by[job] = i, tuned_by.get(job, ()) + (i,)
+                    tuner["until"] = now + cost[job]
+                break
+            else:
+                tuner.setdefault("end", now)
+    assert sorted(tuned_by) == list(cost) and all(len(by) == 1 for by in tuned_by.values()), tuned_by
+    assert tuned_by[4] == tuned_by[5] == (1,) and {tuned_by[6], tuned_by[7]} == {(0,), (1,)}
+    assert max(t["end"] for t in tuners) <= 10  # the second tuner alone would end at 12
+
+
+def test_a_tuner_takes_what_no_live_tuner_holds(tmp_path, monkeypatch):
+    from autoflash.db import store as stores
+    from autoflash.gpu import INTERPRETER
+
+    first, second = (Problem(1, 2, 2, s, s, 32, False, "float16") for s in (40, 41))
+    store = Store(str(tmp_path / "shared.db"))
+    take = taker(store, INTERPRETER)
+    assert take((first, "fwd")) and not store.claim_problem(INTERPRETER, first, "fwd", 60)  # held by this process
+    store.release_problem(INTERPRETER, first, "fwd")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        for pid, problem in ((other.pid, second), (dead.pid, first)):
+            monkeypatch.setattr(stores.os, "getpid", lambda pid=pid: pid)  # as that process's claim
+            assert store.claim_problem(INTERPRETER, problem, "fwd", 60)
+        monkeypatch.undo()
+        assert not take((second, "fwd"))  # a live tuner holds it
+        assert take((second, "bwd"))  # (each direction its own)
+        assert take((first, "fwd"))  # its holder died
+    finally:
+        other.kill()
+        store.close()
 
 
 @pytest.mark.parametrize("devices", ["0,0", "a,b", ","])
