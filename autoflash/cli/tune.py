@@ -51,7 +51,6 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     started = time.monotonic()
     require_extra("tune", "optuna", "sqlalchemy")
     from autoflash.families import DIRECTIONS
-    from autoflash.gpu import usable_cores
 
     directions = DIRECTIONS if mode == "both" else (mode,)
     searched = family_list(family_names, directions)
@@ -64,8 +63,8 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         options = dict(shapes=shapes_file, gpu=gpu_name, trials=trials, time_budget=time_budget, mode=mode,
                        db=db_url, sampler=sampler, seed=seed, trial_timeout=trial_timeout, interpret=interpret,
                        families=family_names, warm_from=warm_from,
-                       workers=workers if workers is not None else min(max(1, (usable_cores() - 1) // len(chosen)),
-                                                                       trials_target(trials, sampler)))
+                       workers=workers if workers is not None else default_workers(interpret, len(chosen),
+                                                                                   trials_target(trials, sampler)))
         sys.exit(fan_out(chosen, options))
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
@@ -73,7 +72,7 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
 
     from autoflash import gpu as gpus
     from autoflash.db.base import StoreError
-    from autoflash.tune.runner import Runner, default_compile_workers
+    from autoflash.tune.runner import Runner
     from autoflash.tune.tuner import tune_problem
 
     problems, here = begin_at_part(problems_of(shapes_file), begin_at, kernels_shared), gpus.current()
@@ -92,8 +91,8 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
     warm_stores = [open_store(url, readonly=True) for url in warm_from]
     click.echo(f"tuning {len(problems)} problem(s) on {here.name} ({here.family}); database {store.url}")
     reports, target = [], trials_target(trials, sampler)
-    if workers is None:  # a core each, no more than a family's batch compiles at once: each costs a GPU context
-        workers = min(default_compile_workers(interpret), target)
+    if workers is None:
+        workers = default_workers(interpret, 1, target)
     try:
         with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
             click.echo(f"{len(runner.compilers)} compile worker(s) and a measuring worker ready "
@@ -122,6 +121,16 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         if reports:
             click.echo(format_reports(reports))
             click.echo(f"{len(reports)} problem(s) {time.monotonic() - started:.1f} s after the start")
+
+
+def default_workers(interpret: bool, tuners: int, target: int) -> int:
+    """A tuner's compile workers where --workers does not say: its share of the cores but one among `tuners`, and
+    no more than a family's batch compiles at once (`target`; each worker costs an import of torch and a GPU
+    context, NOTES 139); none in the interpreter, where compiling is running."""
+    from autoflash.tune.runner import default_compile_workers
+
+    cores = default_compile_workers(interpret)
+    return min(max(1, cores // tuners), target) if cores else 0
 
 
 def trials_target(trials: int | None, sampler: str) -> int:
