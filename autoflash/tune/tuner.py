@@ -127,10 +127,10 @@ def searched_space(family: KernelFamily, problem: Problem, gpu: Gpu, direction: 
     knobs_class = family.knobs[direction]
 
     def runs(point) -> bool:
-        return not family.violations(knobs_class(**point), problem, gpu)
+        return not family.violations(knobs_class.of_point(point), problem, gpu)
 
     def worth_timing(point) -> bool:
-        return _worth_timing(family, knobs_class(**point), problem, gpu)
+        return _worth_timing(family, knobs_class.of_point(point), problem, gpu)
 
     space = restricted_space(knobs_class.search_space(), worth_timing)
     if all(space.values()):
