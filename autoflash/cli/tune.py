@@ -12,9 +12,11 @@ import click
 from autoflash.cli.common import db_option, mode_option, one_line, open_store, problems_of, require_extra
 from autoflash.tune import SAMPLERS
 
-# How long a tuner's hold on the problem it is tuning stands if its process dies where no other sees it die (another
-# host): tuners order their problems by these holds (in_turn), and tuning on first use waits for one (on_miss).
-HOLD_S = 3600.0
+# How long a tuner's hold on the problem it is tuning stands (unless released, or its process dies on the host of the
+# one asking): tuners order their problems by these holds (in_turn), and tuning on first use waits for one (on_miss),
+# so a tuner that died on another host holds its waiters this long at most. A problem tuned for longer loses its hold
+# on the way: another tuner may then join it, timing its other variants beside this one, as without holds.
+HOLD_S = 600.0
 
 
 @click.command()
