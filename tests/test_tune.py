@@ -412,7 +412,8 @@ def test_tpes_random_first_points_are_drawn_without_asking_it():
     study = search(space, evaluate, study_name="startup", storage=None, seed=5, n_trials=12, batch_size=8,
                    is_valid=valid)
     first = study.trials[:8]
-    assert len(batches[0]) == 8 == len(set(batches[0])) and all(valid(searching._decode(t.params, space)) for t in first)
+    assert len(batches[0]) == 8 == len(set(batches[0]))
+    assert all(valid(searching._decode(t.params, space)) for t in first)
     assert [t.state for t in first] == [optuna.trial.TrialState.COMPLETE] * 8  # none told as pruned
     assert len(batches) == 2 and len(batches[1]) == 4
     assert any(t.state == optuna.trial.TrialState.PRUNED for t in study.trials[8:])  # TPE's asks, invalid ones too

@@ -218,7 +218,7 @@ def in_turn(jobs: list, take):
     is put off until every other is done, then taken anyway (its tuner helps finish it, or reports what the other
     recorded). So tuners that meet in their lists leapfrog each other to the end, each on problems of its own, where
     the one behind used to queue behind the other on every problem it was tuning (NOTES 142: 98 s of waits in a
-    375-s two-GPU run)."""
+    388-s two-GPU run)."""
     pending = list(jobs)
     while pending:
         job = next((job for job in pending if take(job)), pending[0])

@@ -270,9 +270,10 @@ class Store:
     @_store_errors
     def claim_problem(self, gpu: Gpu, problem: Problem, direction: str, seconds: float) -> bool:
         """Claim `problem`'s `direction` on `gpu`'s family for this process for `seconds` (tuning on first use; a
-        tuner's turn, cli/tune.py): True when this process holds it now, False when another claim stands. A claim stands until it is released
-        or `seconds` after it was made, even where its process died: until then no other process tunes the problem
-        again, so that the ranks of one job all read the choice of the one that tuned (or the same fallback)."""
+        tuner's turn, cli/tune.py): True when this process holds it now, False when another claim stands. A claim
+        stands until it is released or `seconds` after it was made, even where its process died: until then no other
+        process tunes the problem again, so that the ranks of one job all read the choice of the one that tuned (or
+        the same fallback)."""
         with Session(self.engine) as s:
             problem_id = self._problem(s, problem).id
             s.commit()
