@@ -33,7 +33,9 @@ HOLD_S = 600.0
 @click.option("--seed", type=int, help="sampler seed, for repeatable searches")
 @click.option("--trial-timeout", type=click.FloatRange(min=1), default=180, show_default=True,
               help="seconds one variant may take to compile, check and time")
-@click.option("--workers", type=click.IntRange(min=0), help="compile processes [default: cores - 1; 0 when interpreting]")
+@click.option("--workers", type=click.IntRange(min=0),
+              help="compile processes a tuner [default: cores - 1, shared among --devices' tuners, at most --trials; "
+                   "0 when interpreting]")
 @click.option("--interpret", is_flag=True,
               help="run on the CPU in Triton's interpreter; results filed under GPU 'interpreter' (timings meaningless)")
 @click.option("--devices", help="GPUs to tune on, one tuner process each, sharing the database: indices such as "
