@@ -14,7 +14,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model=$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)
 case='[[{}, 128, "float16", true, true]]'
-for n in "${@:-1 11 22}"; do
+[ $# -gt 0 ] || set -- 1 11 22
+for n in "$@"; do
     for ((i = 0; i < n; i++)); do
         ( start=$(date +%s.%N)
           TRITON_CACHE_DIR=$tmp/cache_${n}_$i env -u TRITON_INTERPRET python tests/gluon_sm90.py "$case" > /dev/null 2> "$tmp/err_${n}_$i" \

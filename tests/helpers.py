@@ -129,6 +129,7 @@ class RecordingRunner:
     """A tuner's runner that compiles nothing: it appends each batch of variants it is handed to `batches` and fails
     each (so a search's order of guesses can be read off)."""
     compilers = ()
+    measuring = True
 
     def __init__(self, batches: list):
         self.batches = batches

@@ -4,6 +4,7 @@ faults: tests/reliability/)."""
 import hashlib
 import itertools
 import json
+import multiprocessing
 import signal
 import subprocess
 import sys
@@ -76,6 +77,33 @@ def test_runner_classifies_every_failure_and_keeps_going():
     assert "exit code -11" in outcomes[4].error and "allocate" in outcomes[5].error
     assert outcomes[2].error == "worker died (exit code 3): faulty_kernels: an illegal memory access was encountered"
     assert outcomes[6].median_ms > 0 and sorted(map(str, heard)) == sorted(map(str, variants))
+
+
+def test_the_runner_hands_variants_to_the_workers_that_are_up():
+    """Workers start in the background (NOTES 144): variants go to those that are up, and a worker still starting
+    holds none of them back."""
+    variants = [FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=stages) for stages in (2, 3)]
+    with Runner(interpret=True, compile_workers=2, trial_timeout=20) as runner:
+        starting = runner.compilers[1]
+        silent, _ = multiprocessing.Pipe()  # its pipe, as it is while the worker imports: nothing said yet
+        starting.conn, real = silent, starting.conn
+        outcomes = runner.run(TINY, variants)
+        starting.conn = real
+    assert [o.status for o in outcomes] == ["ok", "ok"] and not starting.ready
+
+
+def test_workers_get_the_environment_the_runner_has_when_they_start(tmp_path, monkeypatch):
+    """Workers fork from a server that keeps the environment it started with; a variable set after that (here after
+    the first runner) still reaches the workers a later runner starts."""
+    import slow_kernels
+
+    with Runner(interpret=True, trial_timeout=20) as runner:
+        runner.wait_ready()
+    log = tmp_path / "starts"
+    monkeypatch.setenv(slow_kernels.LOG_ENV, str(log))
+    with Runner(interpret=True, trial_timeout=60, loader="slow_kernels:load") as runner:
+        [outcome] = runner.run(TINY, [FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=2)])
+    assert outcome.status == "ok" and len(log.read_text().split()) == 1, outcome
 
 
 def test_failed_variants_are_recorded_and_never_chosen(tmp_path):

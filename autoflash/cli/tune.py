@@ -99,8 +99,8 @@ def tune(shapes_file, gpu_name, trials, time_budget, mode, db_url, sampler, seed
         workers = default_workers(interpret, 1, target)
     try:
         with Runner(interpret=interpret, compile_workers=workers, trial_timeout=trial_timeout) as runner:
-            click.echo(f"{len(runner.compilers)} compile worker(s) and a measuring worker ready "
-                       f"{time.monotonic() - started:.1f} s after the start")
+            click.echo(f"{len(runner.compilers)} compile worker(s) and a measuring worker starting "
+                       f"({time.monotonic() - started:.1f} s after the start)")
             # a KV cache serves decode and chunked prefill, which have no backward
             jobs = [(problem, direction) for problem in problems for direction in directions
                     if not (direction == "bwd" and "PAGED" in problem.variants)]

@@ -194,6 +194,7 @@ class _Workers:
             started, interpret = time.monotonic(), gpus.interpreting()
             self.runner = Runner(interpret=interpret, trial_timeout=TRIAL_TIMEOUT_S,
                                  compile_workers=min(COMPILE_WORKERS, default_compile_workers(interpret)))
+            self.runner.wait_ready()  # the budget counts from here
             self.start_s = time.monotonic() - started
         return self.runner
 

@@ -10,6 +10,10 @@ Each compile worker holds one input set of its problem on the GPU: fifteen of th
 out of memory (a paged KV cache of 32 x 32k tokens is ~5 GB a set), which says nothing of the variant. So a compile
 worker short of device memory hands the variant on unrun (the measuring worker compiles and checks it), and the
 compile workers free their inputs before the measuring worker builds its own.
+
+Workers fork from a server process that imported torch and autoflash once (where the platform has one), so a dozen of
+them start in about the time of one import, not of a dozen at once; the runner hands variants to each as soon as
+it is up (NOTES 144).
 """
 
 import multiprocessing
@@ -35,9 +39,20 @@ DEFAULT_LOADER = "autoflash.codegen:load"
 _STARTUP_TIMEOUT = 600.0  # importing torch and building a problem's inputs and reference
 
 
-def _worker(conn, role: str, stderr: str, loader: str, interpret: bool):
-    """A worker process: its stderr into the file `stderr` (whose last line tells why it died, if it does), then
-    `_serve`."""
+def _context():
+    """Forked from a server that preloads this module (torch, triton, the templates' loader), else spawned."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
+def _worker(conn, role: str, stderr: str, loader: str, interpret: bool, environ: dict):
+    """A worker process: the runner's environment as it is now (the fork server keeps the one it started with), its
+    stderr into the file `stderr` (whose last line tells why it died, if it does), then `_serve`."""
+    os.environ.clear()
+    os.environ.update(environ)
     fd = os.open(stderr, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 2)
     os.close(fd)
@@ -134,13 +149,14 @@ class _Worker:
         self._start()
 
     def _start(self):
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
+        context = _context()
+        self.conn, child = context.Pipe()
         self.stderr = tempfile.NamedTemporaryFile(prefix=f"autoflash_{self.role}_", suffix=".log")
-        self.process = ctx.Process(target=_worker, args=(child, self.role, self.stderr.name, *self.args), daemon=True)
+        self.process = context.Process(target=_worker, args=(child, self.role, self.stderr.name, *self.args,
+                                                             dict(os.environ)), daemon=True)
         self.process.start()
         child.close()
-        self.ready = False
+        self.ready, self.ready_by = False, time.monotonic() + _STARTUP_TIMEOUT
 
     def last_words(self) -> str:
         """The last line the worker wrote to stderr: a dead worker's traceback ends with its error."""
@@ -149,19 +165,25 @@ class _Worker:
         lines = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
         return lines[-1][:300] if lines else ""
 
-    def wait_ready(self):
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Whether the worker is up, waiting `timeout` seconds for it (None: until it is, or until its start times
+        out); a worker that died starting, or did not start in time, raises."""
         if self.ready:
-            return
+            return True
+        left = self.ready_by - time.monotonic()
+        wait_s = max(0.0, left if timeout is None else min(timeout, left))
         try:
-            ready = self.conn.poll(_STARTUP_TIMEOUT) and self.conn.recv() == "ready"
+            said = self.conn.recv() if self.conn.poll(wait_s) else None
         except (EOFError, OSError):  # it died starting: its last words say why
-            ready = False
-        if not ready:
+            said = "died"
+        if said == "ready":
+            self.ready = True
+        elif said is not None or time.monotonic() >= self.ready_by:
             self.process.join(5)
             words = self.last_words()
             raise RuntimeError(f"a {self.role} worker failed to start (exit code {self.process.exitcode})"
                                + (f": {words}" if words else ""))
-        self.ready = True
+        return self.ready
 
     def send(self, request, timeout: float):
         self.wait_ready()
@@ -169,7 +191,10 @@ class _Worker:
         self.times_out_at = time.monotonic() + timeout
 
     def release(self):
-        """Have the worker free its problem's inputs (a worker that does not answer is replaced)."""
+        """Have the worker free its problem's inputs (a worker that does not answer is replaced); one not up yet
+        holds none."""
+        if not self.ready:
+            return
         try:
             self.send(("release", None, None, None), _STARTUP_TIMEOUT)
             if self.conn.poll(_STARTUP_TIMEOUT) and self.conn.recv() == "released":
@@ -208,7 +233,8 @@ def default_compile_workers(interpret: bool) -> int:
 
 class Runner:
     """Compile, check and time variants; `run` returns one Outcome per variant it started. The workers live
-    as long as the runner, across problems: start one runner for a whole tuning run."""
+    as long as the runner, across problems: start one runner for a whole tuning run. They start in the background:
+    `run` hands variants to those that are up, `wait_ready` waits for all."""
 
     def __init__(self, *, interpret: bool, compile_workers: int | None = None, trial_timeout: float = 180.0,
                  loader: str = DEFAULT_LOADER):
@@ -219,8 +245,15 @@ class Runner:
             compile_workers = default_compile_workers(interpret)
         self.compilers = [_Worker("compile", args) for _ in range(compile_workers)]
         self.measurer = _Worker("measure", args)
+
+    def wait_ready(self):
         for worker in (*self.compilers, self.measurer):
             worker.wait_ready()
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the measuring worker is up (not still starting)."""
+        return self.measurer.wait_ready(0)
 
     def run(self, problem: Problem, variants: list[Knobs], on_outcome=lambda knobs, outcome: None,
             deadline: float | None = None) -> list[Outcome | None]:
@@ -269,14 +302,17 @@ class Runner:
             if past(deadline):
                 pending.clear()
             for worker in workers:
-                if pending and worker.job is None:
+                if pending and worker.job is None and worker.wait_ready(0):
                     worker.job = pending.pop(0)
                     worker.send(("trial", problem, worker.job.DIRECTION, worker.job.to_json()), self.timeout)
                     busy[worker.conn] = worker
-            if not busy:
+            starting = [w for w in workers if not w.ready] if pending else []
+            if not busy and not starting:
                 return outcomes
-            first_timeout = min(w.times_out_at for w in busy.values())
-            for conn in wait(list(busy), timeout=max(0.0, first_timeout - time.monotonic())):
+            first_timeout = min([w.times_out_at for w in busy.values()] + [w.ready_by for w in starting])
+            for conn in wait([*busy, *(w.conn for w in starting)], timeout=max(0.0, first_timeout - time.monotonic())):
+                if conn not in busy:  # a worker that is up (or died starting): the next round sees which
+                    continue
                 worker = busy.pop(conn)
                 try:
                     outcome = conn.recv()

@@ -176,7 +176,10 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
     searched first (on-miss's fallback, what dispatch ran before: the search's choice is never slower).
     `warm_stores`: read-only stores whose other GPUs' winners of `problem` are first guesses, beside `store`'s."""
     started, before, waits = time.monotonic(), Counter(runner.seconds), Counter()
-    sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
+    # SDPA's time before the search, so that a tuner reaching the problem later finds it; after it where the
+    # measuring worker is still starting, so that a runner's first problem compiles meanwhile (NOTES 144)
+    baseline_first = runner.measuring
+    sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction) if baseline_first else None
     done, empty = {}, {}
     searched = [f for f in families.searched(direction) if family_names is None or f.name in family_names]
     # `first`'s family first; a family another tuner is timing now last, so that two tuners on one problem time
@@ -192,6 +195,8 @@ def tune_problem(problem: Problem, *, gpu: Gpu, store: Store, runner: Runner, di
         done |= found
         if why:
             empty[family.name] = why
+    if not baseline_first:
+        sdpa_ms = _sdpa_baseline(problem, gpu, store, runner, direction)
     seconds = {name: round(t, 1) for name, t in (Counter(runner.seconds) - before + waits).items()}
     if len(empty) == len(searched):  # no family searched can run it: say so in the store
         for family, why in empty.items():
@@ -222,8 +227,7 @@ def _share(deadline: float | None, families_left: int) -> float | None:
 
 def _sdpa_baseline(problem: Problem, gpu: Gpu, store: Store, runner: Runner, direction: str) -> float | None:
     """SDPA's time on `problem`, timed once per database, GPU family and torch version: read where a tuner
-    recorded it (a resumed run; tuners sharing the database, each of which reports every problem), else timed now,
-    before the search, so that a tuner reaching the problem later finds it."""
+    recorded it (a resumed run; tuners sharing the database, each of which reports every problem), else timed now."""
     name = baseline_name(direction)
     sdpa_ms = store.baseline(gpu.family, problem, name, torch.__version__)
     if sdpa_ms is None:

@@ -185,5 +185,6 @@ def test_a_family_another_tuner_is_timing_is_searched_last(tmp_path, monkeypatch
     order = []
     monkeypatch.setattr(tuner, "_search_family", lambda family, *a, **kw: order.append(family.name) or ({}, None))
     monkeypatch.setattr(tuner, "_sdpa_baseline", lambda *a: None)
-    tuner.tune_problem(problem, gpu=INTERPRETER, store=store, runner=SimpleNamespace(seconds={}), n_trials=2)
+    tuner.tune_problem(problem, gpu=INTERPRETER, store=store, runner=SimpleNamespace(seconds={}, measuring=True),
+                       n_trials=2)
     assert order == names[1:] + [busy]
