@@ -85,7 +85,7 @@ def test_the_runner_hands_variants_to_the_workers_that_are_up():
     variants = [FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=stages) for stages in (2, 3)]
     with Runner(interpret=True, compile_workers=2, trial_timeout=20) as runner:
         starting = runner.compilers[1]
-        silent, _ = multiprocessing.Pipe()  # its pipe, as it is while the worker imports: nothing said yet
+        silent, kept_open = multiprocessing.Pipe()  # its pipe as while the worker imports: open, nothing said yet
         starting.conn, real = silent, starting.conn
         outcomes = runner.run(TINY, variants)
         starting.conn = real
