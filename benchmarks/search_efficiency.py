@@ -40,7 +40,7 @@ def trials_to_reach(timings: dict[str, float | None], seed: int, within: float, 
 
     try:
         search(restricted_space(FwdKnobs.search_space(), is_valid), evaluate, study_name=f"efficiency-{seed}",
-               storage=None, sampler="tpe", seed=seed, n_trials=len(timings), is_valid=is_valid,
+               sampler="tpe", seed=seed, n_trials=len(timings), is_valid=is_valid,
                batch_size=batch_size)
     except Reached:
         return len(order)

@@ -267,26 +267,6 @@ def test_a_record_from_before_a_knob_existed_is_the_same_variant(tmp_path):
     assert store.claim(INTERPRETER, TINY, fingerprint, "fwd", [knobs.to_json(), other], 10) == ([other], [])
 
 
-def test_a_trial_another_process_finished_first_is_left_as_told(tmp_path):
-    """On SQLite two tuners sharing a database can pop the same warm-start trial (no row lock): both evaluate it,
-    the first tells it, and the second must not die telling it again (the campaign's gpu 2 did: session 23)."""
-    storage, name = f"sqlite:///{tmp_path / 'race.db'}", "race"
-    space, told_first, reported = {"x": [1, 2, 3, 4]}, [], []
-
-    def evaluate(points):  # the other process finishes every trial this one holds, with its own cost, first
-        other = optuna.load_study(study_name=name, storage=storage)
-        for trial in other.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            other.tell(trial.number, 100.0)
-            told_first.append(trial.number)
-        return [float(point["x"]) for point in points]
-
-    study = search(space, evaluate, study_name=name, storage=storage, sampler="random", seed=0, n_trials=2,
-                   warm_start=[{"x": 3}], on_trial=lambda point, value: reported.append((point["x"], value)))
-    assert told_first and reported[0] == (3, 3.0) and len(reported) == 2
-    trials = study.get_trials(deepcopy=False)
-    assert all(t.state.is_finished() for t in trials) and {t.value for t in trials} == {100.0}
-
-
 def test_report_tells_a_problem_that_failed_from_one_other_tuners_hold():
     from autoflash.cli.tune import format_reports
     failed = tuner.Report(TINY, "fwd", None, None, None, trials=3, failures=3, wall_s=1.0)
@@ -411,7 +391,7 @@ def test_tpe_told_its_space_proposes_what_optunas_own_tpe_does(monkeypatch):
         def evaluate(points):
             order.extend(searching._key(p) for p in points)
             return [digest(p, 6) / 1e6 for p in points]
-        search(space, evaluate, study_name="same", storage=None, seed=3, n_trials=24, batch_size=8,
+        search(space, evaluate, study_name="same", seed=3, n_trials=24, batch_size=8,
                is_valid=lambda point: digest(point, 2) % 4 != 0)  # a quarter of the points invalid
         return order
 
@@ -437,7 +417,7 @@ def test_tpes_random_first_points_are_drawn_without_asking_it():
     def evaluate(points):
         batches.append([searching._key(p) for p in points])
         return [float(i + 1) for i in range(len(points))]
-    study = search(space, evaluate, study_name="startup", storage=None, seed=5, n_trials=12, batch_size=8,
+    study = search(space, evaluate, study_name="startup", seed=5, n_trials=12, batch_size=8,
                    is_valid=valid)
     first = study.trials[:8]
     assert len(batches[0]) == 8 == len(set(batches[0]))

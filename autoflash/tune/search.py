@@ -51,19 +51,18 @@ def valid_points(space: dict[str, Sequence], is_valid: Callable[[Point], bool]) 
 
 
 def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[float | None]], *,
-           study_name: str, storage, sampler: str = "tpe", seed: int | None = None, n_trials: int = 50,
+           study_name: str, sampler: str = "tpe", seed: int | None = None, n_trials: int = 50,
            deadline: float | None = None, warm_start: Sequence[Point] = (),
            is_valid: Callable[[Point], bool] = lambda p: True, batch_size: int = 8,
            known: Sequence[tuple[Point, float | None]] = (),
            on_trial: Callable[[Point, float | None], None] = lambda p, v: None) -> optuna.Study:
-    """Run the study `study_name` until it holds `n_trials` distinct evaluated points (earlier runs
-    count, so an interrupted search resumes), the `deadline` (a time.monotonic() time) comes (no batch is asked for
+    """Run a study (in memory, named `study_name`) until it holds `n_trials` distinct evaluated points (the `known`
+    ones count, so an interrupted search resumes), the `deadline` (a time.monotonic() time) comes (no batch is asked for
     after it), or no new point turns up (the valid space is spent; a converged sampler is helped by random unseen
     points). A point proposed again is told its known cost; it does not count as a new trial. `known` points
     (evaluated before, by any process) join the study first, so that they count and TPE learns from them."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=study_name, storage=storage, sampler=make_sampler(sampler, seed, space),
-                                direction="minimize", load_if_exists=True)
+    study = optuna.create_study(study_name=study_name, sampler=make_sampler(sampler, seed, space), direction="minimize")
     if not all(space.values()):  # no valid point: nothing to propose
         return study
     _add_known(study, space, known)
@@ -134,15 +133,9 @@ def _tell(study, trial, value):
 
 
 def _finish(study, trial, *, value: float | None = None, state=None, evaluated: bool = False):
-    """Finish a trial; if another process finished it first, leave it as that process told it. On SQLite two
-    processes can pop the same enqueued (warm-start) trial, as SQLite has no row lock for Optuna's
-    SELECT ... FOR UPDATE: both evaluate the same point, the first tells it, the second's tell would raise."""
-    try:
-        if evaluated:
-            trial.set_user_attr("evaluated", True)
-        study.tell(trial, value, state=state)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        pass
+    if evaluated:
+        trial.set_user_attr("evaluated", True)
+    study.tell(trial, value, state=state)
 
 
 def _ordinal(choices) -> bool:

@@ -295,7 +295,7 @@ def _search_family(family: KernelFamily, problem: Problem, *, gpu: Gpu, store: S
     # resume from. Optuna's tables in the database cost ~4 s a family on SQLite, most of a problem's tuning time
     # on the H200 beside compiling and timing (NOTES 139).
     search(valid_space, evaluate, study_name=study_name(gpu, problem, family.name, direction),
-           storage=None, sampler=sampler, seed=seed, n_trials=n_trials,
+           sampler=sampler, seed=seed, n_trials=n_trials,
            deadline=deadline, warm_start=warm, is_valid=is_valid,
            batch_size=max(4, len(runner.compilers)), known=known, on_trial=lambda p, v: on_trial(knobs_class(**p), v))
     return done, None
