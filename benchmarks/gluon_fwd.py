@@ -124,6 +124,15 @@ def head_dims():
             for s in (1024, 4096)]
 
 
+def short_rows():
+    """(b, h, s, d, causal, dtype): short full and causal problems of many programs (encoders, ViT, BERT), the
+    H200's held-out forward rows under 0.85x plain SDPA among them (NOTES 145-147)."""
+    fp16, bf16 = torch.float16, torch.bfloat16
+    return [(64, 12, 197, 64, False, fp16), (32, 12, 512, 64, False, fp16), (64, 16, 256, 64, False, fp16),
+            (32, 16, 257, 64, False, bf16), (16, 12, 1024, 64, True, fp16), (64, 16, 128, 64, False, fp16),
+            (32, 16, 512, 128, False, bf16), (32, 32, 128, 128, True, bf16), (16, 16, 1024, 128, False, bf16)]
+
+
 def bench(tmp, problems, variants, out_path, command):
     rows = []
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, command=command)
@@ -175,7 +184,8 @@ def main():
                         help="check through Triton's per-call launch (the launcher's compile=None) instead")
     parser.add_argument("--every", type=int, default=1, help="check every n-th case only")
     parser.add_argument("--repeat", type=int, default=1, help="time the problems this many times over")
-    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "d128_16k", "short", "head_dims"])
+    parser.add_argument("--bench", choices=["fa_grid", "fa_grid_fp16", "d128_16k", "short", "head_dims",
+                                                         "short_rows"])
     parser.add_argument("--variants", default="[{}]")
     parser.add_argument("--out", default="gluon_bench.jsonl")
     args = parser.parse_args()
@@ -186,7 +196,7 @@ def main():
             problems = {"fa_grid": fa_grid(), "fa_grid_fp16": fa_grid((torch.float16,)),
                         "d128_16k": [(1, 16, 16384, 128, False, dtype) for dtype in (torch.float16, torch.bfloat16)],
                         "short": [p for p in fa_grid((torch.float16,)) if p[2] <= 2048],
-                        "head_dims": head_dims()}[args.bench]
+                        "head_dims": head_dims(), "short_rows": short_rows()}[args.bench]
             bench(tmp, problems * args.repeat, json.loads(args.variants), args.out, " ".join(sys.argv))
     print(f"{failures} failures")
     sys.exit(1 if failures else 0)

@@ -107,7 +107,7 @@ def compile_sm90(module, knobs: dict, head_dim: int, dtype: str = "float16", cau
               if "VARLEN" in variants else ()),  # out, its head and row strides, head_dim
             *((0, 8 * 2 * 9, 2 * 9, *(1000 for _ in range(captures))) if mask_mod else ()))  # table strides, lengths
     options = dict(BLOCK_D=block_d, **(dict(BLOCK_D2=block_d2) if block_d2 else {}), IS_CAUSAL=causal,
-                   RETURN_LSE=return_lse, num_warps=4)
+                   RETURN_LSE=return_lse, **launcher("gluon").launch_options(knobs))
     return compile_kernel(module.attn_fwd, args, options)
 
 
@@ -148,7 +148,7 @@ def ptxas_report(compiled) -> dict:
 
 
 DEFAULT = dict(block_m=64, block_n=128, num_buffers=2, q_buffers=1, consumers=2, pingpong=False, overlap=True,
-               consumer_regs=240, producer_regs=24, persistent=True, dynamic=False,
+               programs_per_sm=1, consumer_regs=240, producer_regs=24, persistent=True, dynamic=False,
                stage_o_in_q=False, tile_overlap=False, head_dim_split=False, consumer_keys=False)
 # (knob changes, head_dim, dtype, causal, return_lse[, variants[, a MASK_MODS name]])
 CASES = [({}, 128, "float16", False, True),
@@ -157,6 +157,12 @@ CASES = [({}, 128, "float16", False, True),
          (dict(consumers=1, overlap=False, persistent=False), 80, "float16", True, False),
          (dict(block_n=64, stage_o_in_q=True), 256, "bfloat16", False, True),
          (dict(pingpong=True, stage_o_in_q=True, num_buffers=3), 128, "float16", True, False),
+         # two programs an SM (one consumer each, launched with 128 registers a thread): persistent, two Q tiles,
+         # a program per tile, two column tiles
+         (dict(consumers=1, programs_per_sm=2), 64, "float16", False, True),
+         (dict(consumers=1, programs_per_sm=2, q_buffers=2), 64, "bfloat16", True, True),
+         (dict(consumers=1, programs_per_sm=2, block_n=64, persistent=False), 128, "float16", True, False),
+         (dict(consumers=1, programs_per_sm=2, block_n=64, head_dim_split=True), 96, "bfloat16", False, True),
          # sliding window, softcapping and ALiBi, each and together; with and without the softmax/PV overlap
          ({}, 128, "bfloat16", True, True, ["WINDOW"]),
          (dict(overlap=False, consumers=1, persistent=False), 128, "float16", False, True, ["WINDOW"]),

@@ -79,6 +79,8 @@ def test_compiles_for_sm90(compiled, index):
     spill_bytes = 160 if "MASK_MOD" in variants else 128 if variants else 0
     _assert_fits(row, knobs, problem, shared_memory_bytes(knobs, problem), spill_bytes)
     assert row["setmaxnreg"] > 0 and row["wgmma"] > 0, row  # registers moved between partitions; async wgmma
+    if knobs.programs_per_sm > 1:  # launched with its share of the SM's registers: that many programs fit
+        assert row["registers"] <= 65536 // (knobs.programs_per_sm * 128 * (knobs.consumers + 1)), row
 
 
 def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
@@ -98,6 +100,10 @@ def _cross(head_dim=40, seqlen_q=4096, batch=2):
     (FwdKnobs(consumers=3, pingpong=True, consumer_regs=160), _problem(64), H100, "ping-pong alternates two"),
     (FwdKnobs(num_buffers=3), _problem(), H100, "shared memory"),
     (FwdKnobs(consumers=3, consumer_regs=160), _problem(), H100, "registers a thread"),
+    (FwdKnobs(programs_per_sm=2), _problem(64), H100, "one consumer warpgroup each"),
+    (FwdKnobs(consumers=1, programs_per_sm=2), _problem(), H100, "to each of 2 programs an SM"),
+    (FwdKnobs(consumers=1, programs_per_sm=2, dynamic=True), _problem(64), H100, "left outputs unwritten"),
+    (FwdKnobs(consumers=1, programs_per_sm=2), _cross(64).with_variants(softcap=True), H100, "plain problems only"),
     (FwdKnobs(consumers=3), _problem(64), H100, "exceed the SM's"),
     (FwdKnobs(persistent=False, dynamic=True), _problem(), H100, "needs a persistent grid"),
     (FwdKnobs(tile_overlap=True), _problem(), H100, "tile_overlap needs a persistent grid, two Q tiles"),
@@ -127,7 +133,7 @@ def test_violations(knobs, problem, gpu, reason):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_default_is_valid(head_dim, causal, dtype):
-    for seqlen in (1, 1000, 4096, 16384):
+    for seqlen in (1, 197, 256, 1000, 4096, 16384):
         problem = _problem(head_dim, dtype, causal, seqlen)
         knobs = default_knobs(problem, H100)
         assert knobs is not None and violations(knobs, problem, H100) == []
@@ -137,7 +143,12 @@ def test_default_is_valid(head_dim, causal, dtype):
         # Two column tiles where the padded one is past 64 columns and they drop a quarter of it (NOTES G16, G17);
         # 128-key blocks to 160 columns.
         assert knobs.head_dim_split == (head_dim in (72, 80, 96, 160, 192))
-        assert knobs.block_n == (64 if head_dim in (192, 256) else 128)
+        # Short full attention to head dim 64: two programs an SM of one consumer, the key blocks that pad least
+        # (NOTES 147).
+        short = head_dim <= 64 and not causal and seqlen <= 512
+        assert (knobs.consumers, knobs.programs_per_sm) == ((1, 2) if short else (knobs.consumers, 1))
+        padded_least = 64 if short and -(-seqlen // 64) % 2 else 128
+        assert knobs.block_n == (64 if head_dim in (192, 256) else padded_least)
     assert default_knobs(_problem(head_dim, dtype, causal), KNOWN["a100"]) is None
 
 

@@ -13,6 +13,21 @@ GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # Under causal masking, tiles run longest first over runs of heads whose K and V fit this much of L2 (the
 # H100's holds 50 MB); without it, each head's tiles together (they all do the same work).
 L2_BYTES_PER_RUN = 24 << 20
+REGISTERS_PER_SM = 65536  # Hopper's register file
+
+
+def program_grid(knobs, tiles: int, device) -> tuple[int]:
+    """One program per tile, or a persistent grid: programs_per_sm programs an SM walk the tiles."""
+    if not knobs["persistent"]:
+        return (tiles,)
+    return (min(tiles, knobs["programs_per_sm"] * torch.cuda.get_device_properties(device).multi_processor_count),)
+
+
+def launch_options(knobs) -> dict:
+    """The launch's num_warps and, for more than one program an SM, each program's share of the SM's registers
+    (maxnreg a thread; the consumer warpgroup gets it less the producer's by setmaxnreg)."""
+    per_sm, threads = knobs["programs_per_sm"], 128 * (knobs["consumers"] + 1)  # the consumers and the producer
+    return dict(num_warps=4, **(dict(maxnreg=REGISTERS_PER_SM // (per_sm * threads)) if per_sm > 1 else {}))
 
 
 def _check(q, k, v, out, lse):
@@ -85,17 +100,14 @@ def forward_plan(kernels, knobs, q, k, v, out, lse, softmax_scale, causal, compi
     descriptors = _descriptor_maker(q, k, v, out, knobs["block_m"], knobs["block_n"], block_d, block_d2)
     tiles_m = triton.cdiv(seqlen_q, tile_m)
     tiles = tiles_m * batch * heads_q
-    if knobs["persistent"]:  # one program per SM walks the tiles
-        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count),)
-    else:
-        grid = (tiles,)
+    grid = program_grid(knobs, tiles, q.device)
     kv_bytes = 2 * seqlen_k * head_dim * q.element_size() * heads_kv // heads_q  # per query head
     run_heads = min(batch * heads_q, max(1, L2_BYTES_PER_RUN // kv_bytes)) if causal else 1
     counter = _counter_maker(q, knobs["dynamic"])
     per_call = (*descriptors(q, k, v, out), q if lse is None else lse, counter())
     args = (*per_call, softmax_scale, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, tiles_m, tiles, run_heads)
     options = dict(BLOCK_D=block_d, **(dict(BLOCK_D2=block_d2) if block_d2 else {}), IS_CAUSAL=bool(causal),
-                   RETURN_LSE=lse is not None, num_warps=4)
+                   RETURN_LSE=lse is not None, **launch_options(knobs))
     tensor_count = len(per_call)
     if compile is None:
         def launch(*tensors):

@@ -36,10 +36,7 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     entries = triton.cdiv(total_q, tile_m) + batch  # bounds the (sequence, query tile) pairs before the lengths
     tiles = entries * heads_q
     descriptors = base._descriptor_maker(q, k, v, out, knobs["block_m"], knobs["block_n"], block_d, block_d2)
-    if knobs["persistent"]:  # one program per SM walks the tiles
-        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count),)
-    else:
-        grid = (tiles,)
+    grid = base.program_grid(knobs, tiles, q.device)
     counter = base._counter_maker(q, knobs["dynamic"])
     if seqlens_k is None:  # only the layouts count here: the kernel is specialised on them
         seqlens_k = torch.empty(batch, dtype=torch.int32, device=q.device)
@@ -53,7 +50,7 @@ def varlen_forward_plan(kernels, knobs, q, k, v, out, lse, cu_seqlens_q, starts_
     args = (*per_call, softmax_scale, heads_q, group, total_q, rows_k, entries, tiles, run_heads, cu_seqlens_q,
             starts_k, seqlens_k, table, out, out.stride(1), out.stride(2), head_dim)
     options = dict(BLOCK_D=block_d, **(dict(BLOCK_D2=block_d2) if block_d2 else {}), IS_CAUSAL=bool(causal),
-                   RETURN_LSE=lse is not None, num_warps=4)
+                   RETURN_LSE=lse is not None, **base.launch_options(knobs))
     launch = compile(kernels.attn_fwd, grid, args, options, len(per_call), VARLEN_ARGS)
 
     device_table = tables.device_tiles(compile, cu_seqlens_q, seqlens_k, 1, tile_m, causal, entries)

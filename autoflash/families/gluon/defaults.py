@@ -21,7 +21,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     does); where tile_overlap runs (full attention, static grid, two consumers) the next tile's first block goes
     under this tile's last P V (NOTES G9: d128 full +1-6%); where the padded tile is past 64 columns and
     head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
-    no tile_overlap (NOTES G16: +4-40%; G17). None where the family cannot run the problem. The backward (every
+    no tile_overlap (NOTES G16: +4-40%; G17); full attention to head dim 64 and 512 tokens, two programs an SM
+    of one consumer each (NOTES 147). None where the family cannot run the problem. The backward (every
     untuned backward's default where it runs: autoflash.families.default_order): two consumer warpgroups, 64-row
     steps, two ring slots (NOTES G-bwd3, G-bwd6); past head dim 128 the warpgroups' own 32 keys (split_keys), over
     two column tiles where head_dim_split pays (NOTES 131), else over the padded tile with one ring slot (NOTES 117),
@@ -80,8 +81,16 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
                          consumer_regs=160 if three else 240, dynamic=problem.causal or bool(problem.mask_mod),
                          stage_o_in_q=d > 128, q_buffers=2 if d <= 128 else 1, head_dim_split=split,
                          tile_overlap=not split)
-        candidates = (knobs, replace(knobs, tile_overlap=False), replace(knobs, q_buffers=1, tile_overlap=False),
-                      replace(knobs, block_n=64, q_buffers=1, tile_overlap=False))
+        # Short full attention to head dim 64: two programs an SM of one consumer each (cuDNN's shape there), with
+        # the key blocks that pad the keys least (NOTES 147: 0.80-0.88x plain SDPA -> 0.91-1.21x from 128 to 512
+        # keys on the H200; past head dim 64 it ran slower, causal not measured apart from the counter's claims)
+        short = d <= 64 and not problem.causal and not problem.gates() and max(problem.seqlen_q,
+                                                                                problem.seqlen_k) <= 512
+        pairs = FwdKnobs(consumers=1, programs_per_sm=2, q_buffers=2,
+                         block_n=64 if -(-problem.seqlen_k // 64) % 2 else 128)
+        candidates = ((pairs,) if short else ()) + (
+            knobs, replace(knobs, tile_overlap=False), replace(knobs, q_buffers=1, tile_overlap=False),
+            replace(knobs, block_n=64, q_buffers=1, tile_overlap=False))
     return next((k for k in candidates if not violations(k, problem, gpu)), None)
 
 

@@ -9,7 +9,8 @@ from autoflash.knobs import MAX_GRID_Y, cdiv, head_dim_pad
 from autoflash.problem import Problem
 from autoflash.resources import head_dim_tiles, launcher
 
-MAX_REGISTERS = 65536  # per SM, and one program holds an SM
+MAX_REGISTERS = 65536  # per SM, shared by the programs_per_sm programs on it
+BLOCK_RESERVED_BYTES = 1024  # shared memory the SM keeps for each resident program
 BWD_CONSUMER_REGISTERS = 240  # setmaxnreg of the backward's consumer warpgroups (templates/gluon/attn_bwd.py.jinja)
 MBARRIER_BYTES = 1024  # the barriers and the compiler's scratch, rounded up (measured: 368-472 B)
 
@@ -151,8 +152,17 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
         why += _head_dim_split_violations(knobs, problem)
     if knobs.consumer_keys:
         why += _consumer_keys_violations(knobs, problem)
+    if knobs.programs_per_sm > 1 and problem.gates():
+        why.append("two programs an SM run plain problems only (the GPU tests cover no variant with them yet)")
+    if knobs.programs_per_sm > 1 and knobs.dynamic:
+        # The GPU tests (NOTES 147): outputs left unwritten at head dim 128, causal, 1000 tokens, with one Q tile and
+        # with two; every other case passed.
+        why.append("two programs an SM claiming tiles from the counter left outputs unwritten (NOTES 147)")
+    if knobs.programs_per_sm > 1 and knobs.consumers != 1:
+        why.append("two programs an SM hold one consumer warpgroup each (128 registers a thread at launch: the "
+                   "consumer gets 256 less the producer's)")
     why += _resource_violations(shared_memory_bytes(knobs, problem), consumer_registers(knobs, problem),
-                                240 if knobs.consumers == 1 else knobs.consumer_regs, gpu)
+                                _first_consumer_registers(knobs), gpu, knobs.programs_per_sm)
     # The first consumer (the default partition) gets at least what the others get.
     if (knobs.consumers * knobs.consumer_regs + knobs.producer_regs) * 128 > MAX_REGISTERS:
         why.append(f"{knobs.consumers} consumers x {knobs.consumer_regs} + producer {knobs.producer_regs} registers "
@@ -160,11 +170,24 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
     return why
 
 
-def _resource_violations(smem: int, registers: int, budget: int, gpu: Gpu) -> list[str]:
-    """A variant's estimated shared memory against the GPU's, a consumer thread's registers against its budget."""
+def _first_consumer_registers(knobs: FwdKnobs) -> int:
+    """Registers a thread of the first consumer warpgroup (the default partition) gets: consumer_regs beside other
+    consumers; alone, what the producer leaves of the program's share of the SM (at two programs an SM, 128 a
+    thread for its two warpgroups), at most 240."""
+    if knobs.consumers > 1:
+        return knobs.consumer_regs
+    launch = MAX_REGISTERS // (knobs.programs_per_sm * 2 * 128)  # a thread's at launch (two warpgroups a program)
+    return min(240, 2 * launch - knobs.producer_regs)
+
+
+def _resource_violations(smem: int, registers: int, budget: int, gpu: Gpu, programs_per_sm: int = 1) -> list[str]:
+    """A variant's estimated shared memory against its share of the GPU's (programs_per_sm programs an SM), a
+    consumer thread's registers against its budget."""
     why = []
-    if smem > gpu.shared_memory_per_block:
-        why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {gpu.shared_memory_per_block}")
+    share = (gpu.shared_memory_per_block + BLOCK_RESERVED_BYTES) // programs_per_sm - BLOCK_RESERVED_BYTES
+    if smem > share:
+        why.append(f"needs ~{smem} B shared memory, {gpu.name} gives {share}"
+                   + (f" to each of {programs_per_sm} programs an SM" if programs_per_sm > 1 else ""))
     if registers > budget:
         why.append(f"a consumer needs ~{registers} registers a thread, it gets {budget}")
     return why
