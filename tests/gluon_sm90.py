@@ -163,6 +163,9 @@ CASES = [({}, 128, "float16", False, True),
          (dict(consumers=1, programs_per_sm=2, q_buffers=2), 64, "bfloat16", True, True),
          (dict(consumers=1, programs_per_sm=2, block_n=64, persistent=False), 128, "float16", True, False),
          (dict(consumers=1, programs_per_sm=2, block_n=64, head_dim_split=True), 96, "bfloat16", False, True),
+         # three (80 registers a thread at launch: 64-key blocks at head dim 64)
+         (dict(consumers=1, programs_per_sm=3, block_n=64), 64, "float16", False, True),
+         (dict(consumers=1, programs_per_sm=3, block_n=64, q_buffers=2), 64, "bfloat16", True, True),
          # sliding window, softcapping and ALiBi, each and together; with and without the softmax/PV overlap
          ({}, 128, "bfloat16", True, True, ["WINDOW"]),
          (dict(overlap=False, consumers=1, persistent=False), 128, "float16", False, True, ["WINDOW"]),

@@ -102,6 +102,8 @@ def _cross(head_dim=40, seqlen_q=4096, batch=2):
     (FwdKnobs(consumers=3, consumer_regs=160), _problem(), H100, "registers a thread"),
     (FwdKnobs(programs_per_sm=2), _problem(64), H100, "one consumer warpgroup each"),
     (FwdKnobs(consumers=1, programs_per_sm=2), _problem(), H100, "to each of 2 programs an SM"),
+    (FwdKnobs(consumers=1, programs_per_sm=3), _problem(64), H100, "it gets 136"),
+    (FwdKnobs(consumers=1, programs_per_sm=3, block_n=64), _problem(128), H100, "it gets 136"),
     (FwdKnobs(consumers=1, programs_per_sm=2, dynamic=True), _problem(64), H100, "left outputs unwritten"),
     (FwdKnobs(consumers=1, programs_per_sm=2), _cross(64).with_variants(softcap=True), H100, "plain problems only"),
     (FwdKnobs(consumers=3), _problem(64), H100, "exceed the SM's"),
@@ -137,18 +139,16 @@ def test_default_is_valid(head_dim, causal, dtype):
         problem = _problem(head_dim, dtype, causal, seqlen)
         knobs = default_knobs(problem, H100)
         assert knobs is not None and violations(knobs, problem, H100) == []
-        # Causal tiles of unequal work: persistent programs claim them longest first from a counter.
-        assert knobs.persistent and knobs.dynamic == causal
+        # Short attention to head dim 64: three programs an SM of one consumer, 64-key blocks, a static grid (NOTES
+        # 150). Else causal tiles of unequal work: persistent programs claim them longest first from a counter.
+        short = head_dim <= 64 and seqlen <= (1024 if causal else 512)
+        assert (knobs.consumers, knobs.programs_per_sm) == ((1, 3) if short else (knobs.consumers, 1))
+        assert knobs.persistent and knobs.dynamic == (causal and not short)
         assert knobs.q_buffers == (1 if head_dim > 128 else 2)  # two Q tiles where shared memory holds them
         # Two column tiles where the padded one is past 64 columns and they drop a quarter of it (NOTES G16, G17);
         # 128-key blocks to 160 columns.
         assert knobs.head_dim_split == (head_dim in (72, 80, 96, 160, 192))
-        # Short full attention to head dim 64: two programs an SM of one consumer, the key blocks that pad least
-        # (NOTES 147).
-        short = head_dim <= 64 and not causal and seqlen <= 512
-        assert (knobs.consumers, knobs.programs_per_sm) == ((1, 2) if short else (knobs.consumers, 1))
-        padded_least = 64 if short and -(-seqlen // 64) % 2 else 128
-        assert knobs.block_n == (64 if head_dim in (192, 256) else padded_least)
+        assert knobs.block_n == (64 if head_dim in (192, 256) or short else 128)
     assert default_knobs(_problem(head_dim, dtype, causal), KNOWN["a100"]) is None
 
 

@@ -65,13 +65,16 @@ CONSUMER_KEYS = {
     "consumer keys, sequential": dict(consumer_keys=True, block_n=64, overlap=False),
 }
 
-# Two programs an SM (one consumer warpgroup each, half the registers and shared memory): the persistent grid of two
-# programs an SM, with two Q tiles, a program per tile; 64-key blocks at head dim 128 (claimed from the counter,
-# outputs were left unwritten: refused, NOTES 147).
+# Two and three programs an SM (one consumer warpgroup each, that share of the registers and shared memory): the
+# persistent grid of that many programs an SM, with two Q tiles, a program per tile; 64-key blocks past head dim 64
+# (claimed from the counter, outputs were left unwritten: refused, NOTES 147, 149). Three: head dim 64 and 64-key
+# blocks only (80 registers a thread at launch).
 PROGRAMS_PER_SM = {
     "two programs an SM": dict(consumers=1, programs_per_sm=2),
     "two programs an SM, two q tiles": dict(consumers=1, programs_per_sm=2, q_buffers=2),
     "two programs an SM, a program per tile": dict(consumers=1, programs_per_sm=2, persistent=False),
+    "three programs an SM": dict(consumers=1, programs_per_sm=3, block_n=64),
+    "three programs an SM, two q tiles": dict(consumers=1, programs_per_sm=3, block_n=64, q_buffers=2),
 }
 
 def run(knobs, q, k, v, causal, with_lse=True):
@@ -127,8 +130,10 @@ def test_two_q_tiles_several_tiles_a_program(variant, head_dim, seqlen_q, seqlen
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", LENGTHS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_two_programs_an_sm(variant, head_dim, seqlen_q, seqlen_k, causal):
+def test_programs_per_sm(variant, head_dim, seqlen_q, seqlen_k, causal):
     """Several tiles a program, GQA, unequal lengths."""
+    if "three" in variant and head_dim != 64:
+        pytest.skip("three programs an SM: head dim 64 (the registers)")
     knobs = PROGRAMS_PER_SM[variant] | (dict(block_n=64) if head_dim > 64 else {})
     _several_tiles_a_program(FwdKnobs(**knobs), head_dim, seqlen_q, seqlen_k, causal)
 

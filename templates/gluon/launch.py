@@ -25,9 +25,10 @@ def program_grid(knobs, tiles: int, device) -> tuple[int]:
 
 def launch_options(knobs) -> dict:
     """The launch's num_warps and, for more than one program an SM, each program's share of the SM's registers
-    (maxnreg a thread; the consumer warpgroup gets it less the producer's by setmaxnreg)."""
+    (maxnreg a thread, in the 8 a thread a warp is given them by; the consumer warpgroup gets it less the producer's
+    by setmaxnreg)."""
     per_sm, threads = knobs["programs_per_sm"], 128 * (knobs["consumers"] + 1)  # the consumers and the producer
-    return dict(num_warps=4, **(dict(maxnreg=REGISTERS_PER_SM // (per_sm * threads)) if per_sm > 1 else {}))
+    return dict(num_warps=4, **(dict(maxnreg=REGISTERS_PER_SM // (per_sm * threads) // 8 * 8) if per_sm > 1 else {}))
 
 
 def _check(q, k, v, out, lse):

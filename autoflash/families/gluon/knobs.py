@@ -33,11 +33,11 @@ class FwdKnobs(Knobs):
     persistent: bool = knob(True, (True, False),
                             "one program per SM walks the tiles (the next tile's loads under this one's "
                             "epilogue); False: one program per tile")
-    programs_per_sm: int = knob(1, (1, 2),
-                                "programs resident on an SM at once: 2 gives each half the SM's registers (launched "
-                                "with 128 a thread: one consumer warpgroup beside the producer) and shared memory, so "
-                                "one program's loads, softmax and epilogue run under the other's wgmmas (short "
-                                "sequences); a persistent grid has that many programs an SM")
+    programs_per_sm: int = knob(1, (1, 2, 3),
+                                "programs resident on an SM at once: 2 or 3 give each that share of the SM's "
+                                "registers (launched with 128 or 80 a thread: one consumer warpgroup beside the "
+                                "producer) and shared memory, so one program's loads, softmax and epilogue run under "
+                                "another's wgmmas (short sequences); a persistent grid has that many programs an SM")
     dynamic: bool = knob(False, (False, True),
                          "(persistent) each program takes its next tile from a global counter as it finishes one, "
                          "so unequal causal tiles go longest first to whichever SM is free; False: every "
