@@ -26,11 +26,13 @@ SELECT p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim, p.cau
 FROM autoflash_trials t JOIN autoflash_variants v ON v.id = t.variant_id
 JOIN autoflash_problems p ON p.id = t.problem_id JOIN autoflash_gpus g ON g.id = t.gpu_id
 WHERE t.status = 'ok' AND g.family = ? AND v.direction = ? AND v.fingerprint IN ({})
+ORDER BY t.created_at, t.id
 """
 
 
 def timed(db: str, gpu: str, direction: str) -> dict[Problem, dict[str, float]]:
-    """Problem -> {knobs JSON (canonical): fastest time} of every ok trial under the current templates."""
+    """Problem -> {knobs JSON (canonical): latest time} of every ok trial under the current templates (a variant
+    by its latest trial, as dispatch reads records: autoflash/db/base.py best_per_problem)."""
     fingerprints = list(codegen.current_fingerprints(direction).values())
     rows = connect_readonly(db).execute(TRIALS.format(", ".join("?" * len(fingerprints))),
                                         (gpu, direction, *fingerprints)).fetchall()
@@ -38,7 +40,7 @@ def timed(db: str, gpu: str, direction: str) -> dict[Problem, dict[str, float]]:
     for *shape, knobs, ms in rows:
         problem = Problem(*shape[:6], bool(shape[6]), shape[7])
         key = families.current_json(direction, knobs)
-        times[problem][key] = min(ms, times[problem].get(key, ms))
+        times[problem][key] = ms
     return times
 
 

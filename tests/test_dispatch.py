@@ -70,6 +70,22 @@ def test_a_decode_winner_is_no_neighbour_of_a_prefill(tmp_path):
     assert Dispatcher([url]).choice(dataclasses.replace(decode, seqlen_q=4), H100).tuned.problem == decode
 
 
+def test_a_variant_timed_again_counts_by_its_latest_timing(tmp_path):
+    """A retune times the last winner again beside its rivals: that run decides, not the fastest of every run's
+    timings (one lucky run kept a slower variant first, NOTES 151). Both read paths: SQLite's and the store's."""
+    url = f"sqlite:///{tmp_path / 'user.db'}"
+    store = Store(url)
+    record(store, H100, BASE, FAST, 1.0)
+    record(store, H100, BASE, NEAR, 1.2)
+    record(store, H100, BASE, FAST, 1.3)  # timed again, later
+    assert [(b.knobs, b.median_ms) for b in store.best("h100", codegen.template_fingerprint("tl", "fwd"))] == \
+        [(NEAR.to_json(), 1.2)]
+    chosen = Dispatcher([url]).choice(BASE, H100)
+    assert chosen.knobs == NEAR and chosen.tuned.median_ms == 1.2
+    record(store, H100, BASE, FAST, 1.1)  # and again
+    assert Dispatcher([url]).choice(BASE, H100).knobs == FAST
+
+
 def test_other_gpus_and_templates_are_ignored(tuned_db):
     d = Dispatcher([tuned_db])
     assert d.choice(dataclasses.replace(BASE, seqlen_q=1024, seqlen_k=1024), H100).knobs != ELSEWHERE

@@ -139,9 +139,10 @@ def test_default_is_valid(head_dim, causal, dtype):
         problem = _problem(head_dim, dtype, causal, seqlen)
         knobs = default_knobs(problem, H100)
         assert knobs is not None and violations(knobs, problem, H100) == []
-        # Short attention to head dim 64: three programs an SM of one consumer, 64-key blocks, a static grid (NOTES
-        # 150). Else causal tiles of unequal work: persistent programs claim them longest first from a counter.
-        short = head_dim <= 64 and seqlen <= (1024 if causal else 512)
+        # Short attention to head dim 64 without padded columns: three programs an SM of one consumer, 64-key blocks,
+        # a static grid (NOTES 150, 151). Else causal tiles of unequal work: persistent programs claim them longest
+        # first from a counter.
+        short = head_dim in (16, 64) and seqlen <= (1024 if causal else 512)
         assert (knobs.consumers, knobs.programs_per_sm) == ((1, 3) if short else (knobs.consumers, 1))
         assert knobs.persistent and knobs.dynamic == (causal and not short)
         assert knobs.q_buffers == (1 if head_dim > 128 else 2)  # two Q tiles where shared memory holds them

@@ -42,7 +42,7 @@ class SchemaMismatch(StoreError):
 
 @dataclass(frozen=True)
 class BestTrial:
-    """The fastest ok trial of one problem under one template fingerprint."""
+    """The fastest variant of one problem under one template fingerprint (by its latest ok trial)."""
     problem: Problem
     knobs: str  # the variant's knobs, as JSON (Knobs.to_json)
     median_ms: float
@@ -103,10 +103,12 @@ def connect_readonly(path: str) -> sqlite3.Connection:
 
 
 def best_per_problem(rows: Iterable[tuple], direction: str, source: str) -> list[BestTrial]:
-    """The fastest well-formed ok trial per (problem, fingerprint) of `rows`, each (trial id, batch, heads_q,
-    heads_kv, seqlen_q, seqlen_k, head_dim, causal, dtype, variants JSON, knobs JSON, fingerprint, median_ms,
-    tflops). Malformed rows are skipped, and named in one warning about `source`."""
-    best: dict[tuple[Problem, str], BestTrial] = {}
+    """The fastest variant per (problem, fingerprint) of `rows` (well-formed ok trials in the order they were run,
+    each (trial id, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, dtype, variants JSON, knobs JSON,
+    fingerprint, median_ms, tflops)), each variant by its latest trial: a retune times the last winner again beside
+    its rivals, and that run's timings, not the fastest of every run's, decide between them (NOTES 151). Malformed
+    rows are skipped, and named in one warning about `source`."""
+    latest: dict[tuple[Problem, str, str], BestTrial] = {}
     skipped = []
     for trial_id, *shape, causal, dtype, variants, knobs, fingerprint, median_ms, tflops in rows:
         try:
@@ -115,9 +117,11 @@ def best_per_problem(rows: Iterable[tuple], direction: str, source: str) -> list
         except ValueError as e:
             skipped.append(f"trial {trial_id} ({e})")
             continue
-        key = (record.problem, fingerprint)
-        if key not in best or record.median_ms < best[key].median_ms:
-            best[key] = record
+        latest[record.problem, fingerprint, record.knobs] = record
+    best: dict[tuple[Problem, str], BestTrial] = {}
+    for (problem, fingerprint, _), record in latest.items():
+        if (problem, fingerprint) not in best or record.median_ms < best[problem, fingerprint].median_ms:
+            best[problem, fingerprint] = record
     if skipped:
         more = f" and {len(skipped) - _SKIPPED_NAMED} more" if len(skipped) > _SKIPPED_NAMED else ""
         warnings.warn(f"autoflash skips {len(skipped)} unusable {direction} trial(s) of {source}: "

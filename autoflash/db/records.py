@@ -22,6 +22,7 @@ JOIN autoflash_variants v ON v.id = t.variant_id
 JOIN autoflash_problems p ON p.id = t.problem_id
 JOIN autoflash_gpus g ON g.id = t.gpu_id
 WHERE t.status = 'ok' AND g.family = ? AND v.direction = ? AND v.fingerprint IN ({fingerprints})
+ORDER BY t.created_at, t.id
 """
 # A schema-1 database (before attention variants) holds plain problems only.
 _VARIANTS_COLUMN = {1: "'{}'", 2: "p.variants"}
@@ -39,8 +40,8 @@ ORDER BY t.id
 
 
 def best_trials(db: str, gpu_family: str, direction: str, fingerprints: Collection[str]) -> list[BestTrial]:
-    """Per (problem, fingerprint) of `fingerprints`: the fastest ok `direction` trial on `gpu_family` in the
-    database `db` (a URL or a SQLite file path). Malformed rows are skipped with one warning; a database that
+    """Per (problem, fingerprint) of `fingerprints`: the fastest variant of the ok `direction` trials on
+    `gpu_family` in the database `db` (a URL or a SQLite file path), each variant by its latest trial. Malformed rows are skipped with one warning; a database that
     cannot be read raises StoreError."""
     url = as_url(db)
     if sqlite_path(url) is None:

@@ -393,14 +393,15 @@ class Store:
 
     @_store_errors
     def best(self, family: str, fingerprint: str, direction: str = "fwd") -> list[BestTrial]:
-        """Per tuned problem: its fastest ok trial (malformed rows skipped with a warning: base.best_per_problem)."""
+        """Per tuned problem: its fastest variant by each one's latest ok trial (malformed rows skipped with a warning:
+        base.best_per_problem)."""
         columns = (TrialRow.id, ProblemRow.batch, ProblemRow.heads_q, ProblemRow.heads_kv, ProblemRow.seqlen_q,
                    ProblemRow.seqlen_k, ProblemRow.head_dim, type_coerce(ProblemRow.causal, Integer),  # as stored
                    ProblemRow.dtype, self._variants_column(), VariantRow.knobs,
                    VariantRow.fingerprint, TrialRow.median_ms, TrialRow.tflops)
         with Session(self.engine) as s:
             rows = s.execute(self._trials(family, fingerprint, direction, *columns).where(TrialRow.status == "ok")
-                             .order_by(TrialRow.id)).all()
+                             .order_by(TrialRow.created_at, TrialRow.id)).all()
         return best_per_problem(rows, direction, self.url)
 
     @_store_errors

@@ -21,8 +21,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     does); where tile_overlap runs (full attention, static grid, two consumers) the next tile's first block goes
     under this tile's last P V (NOTES G9: d128 full +1-6%); where the padded tile is past 64 columns and
     head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
-    no tile_overlap (NOTES G16: +4-40%; G17); to head dim 64 and 512 tokens (causal: 1024), three programs an SM
-    of one consumer each (NOTES 147, 150). None where the family cannot run the problem. The backward (every
+    no tile_overlap (NOTES G16: +4-40%; G17); to head dim 64 (16, 32, 64: no padded columns) and 512 tokens
+    (causal: 1024), three programs an SM of one consumer each (NOTES 147, 150, 151). None where the family cannot run the problem. The backward (every
     untuned backward's default where it runs: autoflash.families.default_order): two consumer warpgroups, 64-row
     steps, two ring slots (NOTES G-bwd3, G-bwd6); past head dim 128 the warpgroups' own 32 keys (split_keys), over
     two column tiles where head_dim_split pays (NOTES 131), else over the padded tile with one ring slot (NOTES 117),
@@ -83,9 +83,11 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
                          tile_overlap=not split)
         # Short attention to head dim 64: three programs an SM of one consumer each, 64-key blocks, a static grid
         # (NOTES 150, H200: 0.78-0.88x plain SDPA with two consumers -> 0.95-1.40x full to 512 keys, 0.84x -> 0.96x
-        # causal at 1024; two programs an SM ran 0.88-1.22x, 147.; not measured past these lengths)
-        short = d <= 64 and not problem.gates() and max(problem.seqlen_q, problem.seqlen_k) <= (
-            1024 if problem.causal else 512)
+        # causal at 1024; two programs an SM ran 0.88-1.22x, 147.; not measured past these lengths). Not where the
+        # head dim leaves padded columns (40, 48): there two consumers won 8 of 11 problems, three an SM all 39 at 32
+        # and 64 (NOTES 151).
+        short = d <= 64 and problem.head_dim == d and not problem.gates() and max(
+            problem.seqlen_q, problem.seqlen_k) <= (1024 if problem.causal else 512)
         threes = FwdKnobs(consumers=1, programs_per_sm=3, q_buffers=2, block_n=64)
         candidates = ((threes,) if short else ()) + (
             knobs, replace(knobs, tile_overlap=False), replace(knobs, q_buffers=1, tile_overlap=False),
