@@ -13,13 +13,14 @@ from autoflash.families import FAMILIES, fa1
 from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 
 
-# Knobs the templates only substitute as numbers; every other knob shapes the source.
-TILE_NUMBERS = ("block_m", "block_n", "num_warps", "num_stages")
+# Knobs the templates only substitute as numbers (tiles, the Gluon warpgroups' registers) or leave to the launch
+# (the Gluon forward's programs an SM); every other knob shapes the source.
+TILE_NUMBERS = ("block_m", "block_n", "num_warps", "num_stages", "consumer_regs", "producer_regs", "programs_per_sm")
 
 
 def all_knobs():
-    """Every combination of the knobs that shape the source, with the default tile numbers; then every value
-    of each tile number once (the full product renders for an hour and proves no more)."""
+    """Every combination of the knobs that shape the source, with the default numbers; then every value of each
+    number once (the full product renders for an hour and proves no more)."""
     for cls in (cls for family in FAMILIES.values() for cls in family.knobs.values()):
         space = {name: values for name, values in cls.choices().items() if name not in TILE_NUMBERS}
         for values in itertools.product(*space.values()):

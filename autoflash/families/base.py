@@ -17,6 +17,10 @@ def _nothing(knobs: Knobs, problem: Problem, gpu: Gpu) -> list[str]:
     return []
 
 
+def _runs_somewhere(problem: Problem, gpu: Gpu, direction: str) -> list[str]:
+    return []
+
+
 def _no_default(problem: Problem, gpu: Gpu, direction: str) -> Knobs | None:
     return None
 
@@ -36,6 +40,9 @@ class KernelFamily:
     searched: bool  # whether the tuner searches it (a baseline family is selectable, never searched)
     # Why `knobs` cannot (or should not) run `problem` on `gpu`; empty when it can.
     violations: Callable[[Knobs, Problem, Gpu], list[str]]
+    # Why no variant of a direction can run `problem` on `gpu`, whatever its knobs (`violations` says it too): the
+    # tuner asks before walking the family's space.
+    problem_violations: Callable[[Problem, Gpu, str], list[str]] = _runs_somewhere
     # Valid variants the tuner skips because they cannot win.
     not_worth_timing: Callable[[Knobs, Problem, Gpu], list[str]] = _nothing
     # The family's heuristic variant for a problem nothing was tuned for, or None.

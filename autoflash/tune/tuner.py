@@ -123,8 +123,11 @@ def searched_space(family: KernelFamily, problem: Problem, gpu: Gpu, direction: 
                    ) -> tuple[Callable[[dict], bool], dict]:
     """(is_valid, space): the `family` variants the tuner searches and each knob's choices among them. They are
     the variants that run and are worth timing; where none is worth timing (backward at head dim 256 on the
-    H100: the tiles that fit are small), every variant that runs. Every knob's choices are empty where none runs."""
+    H100: the tiles that fit are small), every variant that runs. Every knob's choices are empty where none runs
+    (without walking the space where the family cannot run the problem whatever its knobs)."""
     knobs_class = family.knobs[direction]
+    if family.problem_violations(problem, gpu, direction):
+        return (lambda point: False), {name: [] for name in knobs_class.search_space()}
 
     def runs(point) -> bool:
         return not family.violations(knobs_class.of_point(point), problem, gpu)

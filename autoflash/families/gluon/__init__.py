@@ -6,7 +6,7 @@ it where its tuned records are faster."""
 from autoflash.families.base import KernelFamily
 from autoflash.families.gluon.defaults import default_knobs, fit, for_call
 from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
-from autoflash.families.gluon.limits import violations
+from autoflash.families.gluon.limits import problem_violations, violations
 
 FAMILY = KernelFamily(name="gluon", knobs={"fwd": FwdKnobs, "bwd": BwdKnobs}, searched=True, violations=violations,
-                      default=default_knobs, fit=fit, for_call=for_call)
+                      problem_violations=problem_violations, default=default_knobs, fit=fit, for_call=for_call)

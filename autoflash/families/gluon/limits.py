@@ -1,7 +1,7 @@
 """What a `gluon` variant cannot run (`violations`: Hopper and Gluon, shared memory, registers, the knobs' own
 constraints) and the resource models behind it."""
 
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
@@ -102,6 +102,7 @@ def consumer_registers(knobs: FwdKnobs, problem: Problem) -> int:
     return o + s + s // 2 * (2 if knobs.tile_overlap else 1) + 32
 
 
+@cache
 def gluon_available() -> bool:
     try:
         from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
@@ -110,9 +111,15 @@ def gluon_available() -> bool:
     return True
 
 
-def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
-    """Why `knobs` cannot run `problem` on `gpu`; empty when it can (the `tl` family covers what this refuses)."""
-    what = "forward" if knobs.DIRECTION == "fwd" else "backward"
+def problem_violations(problem: Problem, gpu: Gpu, direction: str) -> list[str]:
+    """Why no variant of the `direction` family can run `problem` on `gpu`, whatever its knobs (the part of
+    `violations` that reads no knob: the tuner asks it before walking the space)."""
+    return list(_problem_violations(problem, gpu, direction))
+
+
+@lru_cache(maxsize=64)  # (once per problem: the tuner's walk of the space asks it for every point)
+def _problem_violations(problem: Problem, gpu: Gpu, direction: str) -> tuple[str, ...]:
+    what = "forward" if direction == "fwd" else "backward"
     why = []
     if "PAGED" in problem.variants:
         why.append("paged KV caches run in the tl family only")
@@ -134,10 +141,16 @@ def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[s
         why.append(f"the Gluon {what} takes fp16 or bf16, not {problem.dtype}")
     if problem.head_dim * problem.element_size % 16:
         why.append(f"TMA needs 16-byte rows; head_dim {problem.head_dim} x {problem.element_size} bytes is not")
+    if direction == "fwd" and not 16 <= problem.head_dim <= 256:
+        why.append(f"head_dim {problem.head_dim} is outside 16..256")
+    return tuple(why)
+
+
+def violations(knobs: FwdKnobs | BwdKnobs, problem: Problem, gpu: Gpu) -> list[str]:
+    """Why `knobs` cannot run `problem` on `gpu`; empty when it can (the `tl` family covers what this refuses)."""
+    why = problem_violations(problem, gpu, knobs.DIRECTION)
     if knobs.DIRECTION == "bwd":
         return why + _bwd_violations(knobs, problem, gpu)
-    if not 16 <= problem.head_dim <= 256:
-        why.append(f"head_dim {problem.head_dim} is outside 16..256")
     if knobs.dynamic and not knobs.persistent:
         why.append("dynamic tile claiming needs a persistent grid (one program per tile has nothing to claim)")
     if knobs.pingpong and knobs.consumers != 2:
