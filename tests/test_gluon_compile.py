@@ -80,7 +80,8 @@ def test_compiles_for_sm90(compiled, index):
     _assert_fits(row, knobs, problem, shared_memory_bytes(knobs, problem), spill_bytes)
     assert row["setmaxnreg"] > 0 and row["wgmma"] > 0, row  # registers moved between partitions; async wgmma
     if knobs.programs_per_sm > 1:  # launched with its share of the SM's registers: that many programs fit
-        assert row["registers"] <= 65536 // (knobs.programs_per_sm * 128 * (knobs.consumers + 1)), row
+        maxnreg = launcher("gluon").launch_options(dataclasses.asdict(knobs))["maxnreg"]
+        assert row["registers"] <= maxnreg and maxnreg * 128 * (knobs.consumers + 1) * knobs.programs_per_sm <= 65536
 
 
 def _problem(head_dim=128, dtype="float16", causal=False, seqlen=4096):
