@@ -8,7 +8,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen  $OUT   # packed sequences and KV caches: tests, speed
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh variants $OUT  # window/softcap/ALiBi beside FlexAttention
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
-#   . .device/setup.sh && bash benchmarks/gpu_next.sh holdout $OUT    # the fallback on 24 held-out problems, from a
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh holdout $OUT    # the fallback on 24 held-out problems (ROUNDS=3), from a
 #                                                                       fresh wheel (18; carry dist, built here first)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bwd-all $OUT    # every backward file retuned, merged, benched
 #                                                                       (after a Gluon backward template change: NOTES G-bwd8, G-bwd17)
@@ -105,7 +105,7 @@ holdout)  # issue 18: dispatch's fallback on examples/holdout.yaml (no database 
     family=$(python -c "from autoflash.gpu import current; print(current().family)")
     (cd "$run" && unset AUTOFLASH_DB && export HOME="$run/home" PYTHONPATH="$site:/tmp/site" &&
         python -c "import autoflash; print('autoflash from', autoflash.__file__)" &&
-        limit 560 python -m autoflash bench --shapes holdout.yaml --mode both --rounds 3 \
+        limit 560 python -m autoflash bench --shapes holdout.yaml --mode both --rounds "${ROUNDS:-3}" \
         --out "$out/${day}_${family}_holdout_wheel.jsonl") > "$out/${day}_${family}_holdout_wheel.log" 2>&1
     echo "holdout rc $?"; grep -v Warn "$out/${day}_${family}_holdout_wheel.log" | tail -n 60
     ;;

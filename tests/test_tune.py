@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import optuna
 import pytest
@@ -265,6 +266,21 @@ def test_a_record_from_before_a_knob_existed_is_the_same_variant(tmp_path):
     assert list(store.finished("interpreter", TINY, fingerprint)) == [knobs.to_json()]
     other = FwdKnobs(num_warps=2 if knobs.num_warps != 2 else 4).to_json()
     assert store.claim(INTERPRETER, TINY, fingerprint, "fwd", [knobs.to_json(), other], 10) == ([other], [])
+
+
+def test_finished_reports_a_variants_latest_trial_by_when_it_ran(tmp_path):
+    """A merged database holds trials whose ids are not the order they ran in: `finished` reports each variant's
+    latest trial by created_at, as dispatch counts it (NOTES 151)."""
+    from autoflash.db.models import TrialRow
+    store = Store(f"sqlite:///{tmp_path / 'merged.db'}")
+    knobs, fingerprint = FwdKnobs(), codegen.template_fingerprint("tl")
+    store.record_trial(INTERPRETER, TINY, knobs.to_json(), fingerprint, "ok", 1.0)
+    store.record_trial(INTERPRETER, TINY, knobs.to_json(), fingerprint, "crashed", None, error="ran first")
+    with Session(store.engine) as s:  # the second row (by id) ran an hour before the first
+        first, second = s.query(TrialRow).order_by(TrialRow.id).all()
+        second.created_at = first.created_at - timedelta(hours=1)
+        s.commit()
+    assert store.finished("interpreter", TINY, fingerprint)[knobs.to_json()].median_ms == 1.0
 
 
 def test_report_tells_a_problem_that_failed_from_one_other_tuners_hold():

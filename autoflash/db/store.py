@@ -383,11 +383,12 @@ class Store:
 
     @_store_errors
     def finished(self, family: str, problem: Problem, fingerprint: str, direction: str = "fwd") -> dict[str, Trial]:
-        """Trials of `problem` already run with these templates: knobs JSON -> its latest trial."""
+        """Trials of `problem` already run with these templates: knobs JSON -> its latest trial (trials read in the
+        order they ran, created_at then id, as dispatch reads them: a merged database's ids are not that order)."""
         with Session(self.engine) as s:
             rows = s.execute(self._trials(family, fingerprint, direction, VariantRow.knobs, TrialRow.status,
                                           TrialRow.median_ms, TrialRow.error)
-                             .where(ProblemRow.key == problem.key()).order_by(TrialRow.id)).all()
+                             .where(ProblemRow.key == problem.key()).order_by(TrialRow.created_at, TrialRow.id)).all()
         return {families.current_json(direction, knobs): Trial(status, median_ms, error)
                 for knobs, status, median_ms, error in rows}
 
