@@ -7,8 +7,10 @@ where it beats all its forced backends (NOTES 145: b64 h12 s197 d64 fp16).
 
 import argparse
 import json
+import sys
 
 import torch
+import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import autoflash
@@ -28,7 +30,8 @@ def main():
     with open(args.out, "a") as out:
         for problem in load_problems(args.shapes):
             q, k, v = problem.random_inputs("cuda", 0)
-            line = {"problem": problem.key(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+            line = {"problem": problem.key(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                    "triton": triton.__version__, "command": " ".join(sys.argv)}
             for name, backend in BACKENDS.items():
                 try:
                     if backend is None:
