@@ -171,19 +171,22 @@ paged-retune)  # NOTES 67: the KV-cache decode problems (dense, pages of 16 and 
     ;;
 short128-ncu)  # NOTES 106, 109: the 128-token causal GQA forward (b32 h32/8 s128 d128 bf16: 0.58-0.70x plain SDPA, its
               # kernel): speed of light, memory, stalls and occupancy of the Gluon default, dispatch's choice and
-              # SDPA's kernel; then one kernel's stalls by SASS line: SASS=gluon (the default), record or sdpa
+              # SDPA's kernel; then one kernel's stalls by SASS line: SASS=gluon (the default), record or sdpa.
+              # CELL: another causal cell, short_causal_ncu.py's arguments after `which` (NOTES 154: the FA grid's
+              # d128 causal 512, CELL="512 128")
+    read -r -a cell <<< "${CELL:-128 128 32 32 8 bfloat16}"
     for which in gluon record sdpa; do
         limit 120 /usr/local/cuda/bin/ncu --kernel-name regex:'attn_fwd|fprop|flash' --launch-skip 3 --launch-count 1 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-            --section LaunchStats --section Occupancy --csv python benchmarks/short_causal_ncu.py $which 128 128 32 32 8 \
-            bfloat16 > "$out/ncu_s128_$which.csv" 2>&1
+            --section LaunchStats --section Occupancy --csv python benchmarks/short_causal_ncu.py $which "${cell[@]}" \
+            > "$out/ncu_s128_$which.csv" 2>&1
         echo "$which rc $?"; grep -E '"(Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Dynamic Shared Memory Per Block)"' "$out/ncu_s128_$which.csv" | cut -c1-200
         gzip -f "$out/ncu_s128_$which.csv"
     done
     sass=${SASS:-gluon}
     limit 150 /usr/local/cuda/bin/ncu --kernel-name regex:'attn_fwd|fprop|flash' --launch-skip 3 --launch-count 1 \
         --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
-        python benchmarks/short_causal_ncu.py "$sass" 128 128 32 32 8 bfloat16 > "$out/ncu_s128_sass_$sass.csv" 2>&1
+        python benchmarks/short_causal_ncu.py "$sass" "${cell[@]}" > "$out/ncu_s128_sass_$sass.csv" 2>&1
     echo "sass rc $?"; gzip -f "$out/ncu_s128_sass_$sass.csv"
     ;;
 ring)

@@ -93,6 +93,24 @@ def test_the_runner_hands_variants_to_the_workers_that_are_up():
     assert [o.status for o in outcomes] == ["ok", "ok"] and not starting.ready
 
 
+def test_a_trial_that_reaches_its_worker_past_the_deadline_does_not_start(tmp_path, monkeypatch):
+    """The worker checks the deadline as it would start the trial: a request that reached it late (a loaded host,
+    where the runner's own check came just before the deadline) is answered "not started", runs nothing and has
+    no outcome. Here the runner's check is made to miss the passed deadline."""
+    import slow_kernels
+    from autoflash.tune import runner as runner_module
+
+    log = tmp_path / "starts"
+    monkeypatch.setenv(slow_kernels.LOG_ENV, str(log))
+    heard = []
+    with Runner(interpret=True, trial_timeout=60, loader="slow_kernels:load") as runner:
+        runner.wait_ready()  # (the workers fork from a server that imported the runner unpatched)
+        monkeypatch.setattr(runner_module, "past", lambda deadline: False)
+        outcomes = runner.run(TINY, [FwdKnobs(block_m=64, block_n=32, num_warps=2, num_stages=s) for s in (2, 3)],
+                              on_outcome=lambda knobs, outcome: heard.append(outcome), deadline=time.monotonic() - 1)
+    assert outcomes == [None, None] and heard == [] and not log.exists()
+
+
 def test_workers_get_the_environment_the_runner_has_when_they_start(tmp_path, monkeypatch):
     """Workers fork from a server that keeps the environment it started with; a variable set after that (here after
     the first runner) still reaches the workers a later runner starts."""

@@ -61,6 +61,8 @@ def _worker(conn, role: str, stderr: str, loader: str, interpret: bool, environ:
 
 # A compile worker's answer where the GPU's memory ran short in it: the variant goes on to the measuring worker.
 _UNRUN = Outcome("ok")
+# A worker's answer to a trial that reached it past the deadline it came with: not started, no outcome.
+_NOT_STARTED = "not started"
 
 
 def _device_memory_short(outcome: Outcome) -> bool:
@@ -82,7 +84,7 @@ def _serve(conn, role: str, loader: str, interpret: bool):
         request = conn.recv()
         if request is None:
             return
-        kind, problem, direction, knobs_json = request
+        kind, problem, direction, knobs_json, start_by = request
         if kind == "release":  # the runner measures next: the latest problem's inputs go
             bench, built = None, None
             if device.type == "cuda":
@@ -113,6 +115,9 @@ def _serve(conn, role: str, loader: str, interpret: bool):
                 conn.send(bench.sdpa_ms())
             except Exception as e:
                 conn.send(f"{type(e).__name__}: {e}")
+            continue
+        if past(start_by):  # (checked as the trial would start: a request delayed on a loaded host starts nothing)
+            conn.send(_NOT_STARTED)
             continue
         knobs = knobs_from_json(direction, knobs_json)
         outcome = bench.compile(knobs) if role == "compile" else bench.measure(knobs)
@@ -196,7 +201,7 @@ class _Worker:
         if not self.ready:
             return
         try:
-            self.send(("release", None, None, None), _STARTUP_TIMEOUT)
+            self.send(("release", None, None, None, None), _STARTUP_TIMEOUT)
             if self.conn.poll(_STARTUP_TIMEOUT) and self.conn.recv() == "released":
                 return
         except (EOFError, OSError):
@@ -282,7 +287,7 @@ class Runner:
         """torch SDPA on `problem` (its forward, or its backward alone), timed by the measuring worker;
         None where it cannot run."""
         started = time.monotonic()
-        self.measurer.send(("sdpa", problem, direction, None), self.timeout)
+        self.measurer.send(("sdpa", problem, direction, None, None), self.timeout)
         try:
             answer = self.measurer.conn.recv() if self.measurer.conn.poll(self.timeout) else None
         except (EOFError, OSError):  # the worker died under it
@@ -295,7 +300,8 @@ class Runner:
     def _map(self, workers: list[_Worker], problem: Problem, variants: list[Knobs], on_outcome,
              deadline: float | None) -> dict[Knobs, Outcome]:
         """Hand variants to idle workers until `deadline`; collect outcomes as they come; replace dead or hung
-        workers. A variant not handed out by the deadline has no outcome."""
+        workers. A variant not handed out by the deadline, or handed out but reaching its worker after it (the
+        worker checks again as it would start it), has no outcome."""
         pending, outcomes = list(variants), {}
         busy: dict[object, _Worker] = {}
         while True:
@@ -304,7 +310,7 @@ class Runner:
             for worker in workers:
                 if pending and worker.job is None and worker.wait_ready(0):
                     worker.job = pending.pop(0)
-                    worker.send(("trial", problem, worker.job.DIRECTION, worker.job.to_json()), self.timeout)
+                    worker.send(("trial", problem, worker.job.DIRECTION, worker.job.to_json(), deadline), self.timeout)
                     busy[worker.conn] = worker
             starting = [w for w in workers if not w.ready] if pending else []
             if not busy and not starting:
@@ -321,6 +327,9 @@ class Runner:
                     words = worker.last_words()
                     outcome = Outcome("crashed", error=f"worker died (exit code {worker.process.exitcode})"
                                       + (f": {words}" if words else ""), fatal=True)
+                if outcome == _NOT_STARTED:  # the deadline passed on the way: no outcome, as one never handed out
+                    worker.job = None
+                    continue
                 outcomes[worker.job] = outcome
                 on_outcome(worker.job, outcome)
                 worker.job = None

@@ -62,7 +62,7 @@ def test_device_memory_short_in_a_compile_worker_is_not_the_variants_failure(mon
                                    (SMALL, '{"family": "tl", "num_warps": 8}', "ok"),  # its run does not fit
                                    (SMALL, '{"family": "tl", "num_warps": 2}', "out_of_resources"),  # the variant's
                                    (SMALL, '{"family": "tl"}', "ok")):
-        ours.send(("trial", problem, "fwd", knobs))
+        ours.send(("trial", problem, "fwd", knobs, None))
         outcome = _answer(ours)
         assert outcome.status == status and not outcome.fatal, (problem, knobs, outcome)
         assert status == "ok" or "shared memory" in outcome.error
@@ -71,7 +71,7 @@ def test_device_memory_short_in_a_compile_worker_is_not_the_variants_failure(mon
 
 def test_the_measuring_worker_still_records_device_memory_short(monkeypatch):
     ours, thread = _worker("measure", monkeypatch)
-    ours.send(("trial", SMALL, "fwd", '{"family": "tl"}'))
+    ours.send(("trial", SMALL, "fwd", '{"family": "tl"}', None))
     outcome = _answer(ours)
     assert outcome.status == "out_of_resources" and "out of memory" in outcome.error
     _stop(ours, thread)
@@ -80,12 +80,12 @@ def test_the_measuring_worker_still_records_device_memory_short(monkeypatch):
 def test_release_frees_the_inputs_and_the_next_trial_builds_them_again(monkeypatch):
     ours, thread = _worker("compile", monkeypatch)
     built.clear()
-    for request in (("trial", SMALL, "fwd", '{"family": "tl"}'), ("trial", SMALL, "fwd", '{"family": "tl"}')):
-        ours.send(request)
+    for _ in range(2):
+        ours.send(("trial", SMALL, "fwd", '{"family": "tl"}', None))
         assert _answer(ours).status == "ok"
     assert built == [SMALL]  # kept across the problem's trials
-    ours.send(("release", None, None, None))
+    ours.send(("release", None, None, None, None))
     assert _answer(ours) == "released"
-    ours.send(("trial", SMALL, "fwd", '{"family": "tl"}'))
+    ours.send(("trial", SMALL, "fwd", '{"family": "tl"}', None))
     assert _answer(ours).status == "ok" and built == [SMALL, SMALL]
     _stop(ours, thread)

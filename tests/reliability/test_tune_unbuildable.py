@@ -40,13 +40,13 @@ def test_a_problem_that_cannot_be_built_fails_its_trials_and_the_worker_goes_on(
     worker.start()
     assert _answer(ours) == "ready"
     knobs = '{"family": "tl"}'
-    ours.send(("trial", BIG, "bwd", knobs))
+    ours.send(("trial", BIG, "bwd", knobs, None))
     outcome = _answer(ours)
     assert outcome.status == "out_of_resources" and not outcome.fatal
     assert "fp64 reference failed" in outcome.error and "out of memory" in outcome.error
-    ours.send(("sdpa", BIG, "bwd", None))
+    ours.send(("sdpa", BIG, "bwd", None, None))
     assert "out of memory" in _answer(ours)  # a reason, not a time: the tuner reports no SDPA ratio
-    ours.send(("trial", SMALL, "fwd", knobs))
+    ours.send(("trial", SMALL, "fwd", knobs, None))
     assert _answer(ours).status == "ok"
     ours.send(None)
     worker.join(10)
