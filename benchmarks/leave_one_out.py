@@ -2,9 +2,11 @@
 
 For each tuned problem P of a GPU family and direction: hide P's records, let dispatch choose from the others
 (`dispatch.choose` and the family's `fit`, as for an untuned call), and compare the chosen variant's time on P
-with P's best. Only variants timed on P have a time there: the rest are counted, not guessed.
+with P's best. Only variants timed on P have a time there: the rest are counted, not guessed. With --borrow-from,
+dispatch chooses from another GPU family's records instead (all of them, P's included): what a GPU without records
+would run if it borrowed them, beside the heuristic defaults it runs (NOTES 157).
 
-    python benchmarks/leave_one_out.py [--db tuning_db/h100.db] [--gpu h100]
+    python benchmarks/leave_one_out.py [--db tuning_db/h100.db] [--gpu h100] [--borrow-from tuning_db/h200.db:h200]
 """
 
 import argparse
@@ -44,12 +46,15 @@ def timed(db: str, gpu: str, direction: str) -> dict[Problem, dict[str, float]]:
     return times
 
 
-def leave_one_out(times, gpu, direction):
+def leave_one_out(times, gpu, direction, source=None):
+    """A row per problem of `times`: dispatch's choice from the other problems' records, or from every record of
+    `source` (another GPU's times) where given."""
     best = {p: min(t.items(), key=lambda item: item[1]) for p, t in times.items()}
+    records = {p: min(t.items(), key=lambda item: item[1]) for p, t in (source or times).items()}
     rows = []
     for problem in times:
         others = sorted((Record(p, families.knobs_from_json(direction, k), ms, 0.0)
-                         for p, (k, ms) in best.items() if p != problem), key=lambda r: r.median_ms)
+                         for p, (k, ms) in records.items() if source or p != problem), key=lambda r: r.median_ms)
         chosen = choose(problem, gpu, [("loo", others)], direction)
         knobs = families.of(chosen.knobs).fit(chosen.knobs, problem, gpu) or chosen.knobs
         ms = times[problem].get(knobs.to_json())
@@ -74,10 +79,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--db", default=str(Path(__file__).resolve().parents[1] / "tuning_db" / "h100.db"))
     parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--borrow-from", metavar="DB:GPU",
+                        help="choose from this database's records of that GPU family instead of the others of --db")
     parser.add_argument("--out", help="append one JSON line per problem here")
     args = parser.parse_args()
     for direction in ("fwd", "bwd"):
-        rows = leave_one_out(timed(args.db, args.gpu, direction), KNOWN[args.gpu], direction)
+        source = timed(*args.borrow_from.rsplit(":", 1), direction) if args.borrow_from else None
+        rows = leave_one_out(timed(args.db, args.gpu, direction), KNOWN[args.gpu], direction, source)
         print(f"{direction}: {len(rows)} problems; dispatch's choice {summary(r['fraction'] for r in rows)}")
         print(f"  the heuristic default instead {summary(r['default_fraction'] for r in rows)}")
         both = [r for r in rows if r["fraction"] is not None and r["default_fraction"] is not None]
@@ -89,7 +97,8 @@ def main():
         if args.out:
             with open(args.out, "a") as f:
                 for row in rows:
-                    f.write(json.dumps(dict(row, direction=direction, db=args.db, gpu=args.gpu)) + "\n")
+                    f.write(json.dumps(dict(row, direction=direction, db=args.db, gpu=args.gpu,
+                                            borrow_from=args.borrow_from)) + "\n")
 
 
 if __name__ == "__main__":
