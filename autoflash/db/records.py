@@ -41,8 +41,8 @@ ORDER BY t.id
 
 def best_trials(db: str, gpu_family: str, direction: str, fingerprints: Collection[str]) -> list[BestTrial]:
     """Per (problem, fingerprint) of `fingerprints`: the fastest variant of the ok `direction` trials on
-    `gpu_family` in the database `db` (a URL or a SQLite file path), each variant by its latest trial. Malformed rows are skipped with one warning; a database that
-    cannot be read raises StoreError."""
+    `gpu_family` in the database `db` (a URL or a SQLite file path), each variant by its latest trial. Malformed
+    rows are skipped with one warning; a database that cannot be read raises StoreError."""
     url = as_url(db)
     if sqlite_path(url) is None:
         return _through_store(url, lambda store: [best for fingerprint in fingerprints

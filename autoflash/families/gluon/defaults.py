@@ -22,10 +22,11 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     under this tile's last P V (NOTES G9: d128 full +1-6%); where the padded tile is past 64 columns and
     head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
     no tile_overlap (NOTES G16: +4-40%; G17); to head dim 64 (16, 32, 64: no padded columns) and 512 tokens
-    (causal: 1024), three programs an SM of one consumer each (NOTES 147, 150, 151). None where the family cannot run the problem. The backward (every
-    untuned backward's default where it runs: autoflash.families.default_order): two consumer warpgroups, 64-row
-    steps, two ring slots (NOTES G-bwd3, G-bwd6); past head dim 128 the warpgroups' own 32 keys (split_keys), over
-    two column tiles where head_dim_split pays (NOTES 131), else over the padded tile with one ring slot (NOTES 117),
+    (causal: 1024), three programs an SM of one consumer each (NOTES 147, 150, 151). None where the family cannot
+    run the problem. The backward (every untuned backward's default where it runs: autoflash.families.default_order):
+    two consumer warpgroups, 64-row steps, two ring slots (NOTES G-bwd3, G-bwd6); past head dim 128 the
+    warpgroups' own 32 keys (split_keys), over two column tiles where head_dim_split pays (NOTES 131), else over
+    the padded tile with one ring slot (NOTES 117),
     where it is not rendered two column tiles alone, else 32-row steps; under GQA with
     causal masking (no window) from 2k queries a KV head's query heads split over 4 programs at head dim 64, 2 past
     it (NOTES

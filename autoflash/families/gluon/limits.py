@@ -191,9 +191,15 @@ def _first_consumer_registers(knobs: FwdKnobs) -> int:
     maxnreg: 128 at two programs an SM, 80 at three), at most 240."""
     if knobs.consumers > 1:
         return knobs.consumer_regs
-    options = launcher("gluon").launch_options({"programs_per_sm": knobs.programs_per_sm, "consumers": 1})
-    launch = options.get("maxnreg", MAX_REGISTERS // (2 * 128))  # a thread's at launch (two warpgroups a program)
-    return min(240, 2 * launch - knobs.producer_regs)
+    return min(240, 2 * _launch_registers(knobs.programs_per_sm) - knobs.producer_regs)
+
+
+@cache  # (the tuner's walk of the space asks for every point)
+def _launch_registers(programs_per_sm: int) -> int:
+    """A thread's registers at the launch of a one-consumer program: the launcher's maxnreg, else its even share
+    of the SM (two warpgroups a program)."""
+    options = launcher("gluon").launch_options({"programs_per_sm": programs_per_sm, "consumers": 1})
+    return options.get("maxnreg", MAX_REGISTERS // (2 * 128))
 
 
 def _resource_violations(smem: int, registers: int, budget: int, gpu: Gpu, programs_per_sm: int = 1) -> list[str]:
