@@ -54,9 +54,9 @@ def softcap(score, b, h, q_idx, kv_idx):
     return 50.0 * torch.tanh(score / 50.0)  # (TUNING_SOFTCAP, the fixed softcap cases' value)
 
 
-def mask_mods(seqlen: int, device) -> dict:
-    """The cases' mods: 8 documents of seqlen / 8 tokens; a prefix of seqlen / 8 tokens."""
-    document_id = torch.arange(seqlen, device=device, dtype=torch.int32) // -(-seqlen // 8)
+def mask_mods(seqlen: int, device, documents: int = 8) -> dict:
+    """The cases' mods: `documents` documents of seqlen / documents tokens; a prefix of seqlen / 8 tokens."""
+    document_id = torch.arange(seqlen, device=device, dtype=torch.int32) // -(-seqlen // documents)
     prefix = torch.tensor([seqlen // 8], device=device, dtype=torch.int32)
     return {"documents": autoflash.MaskMod(same_document, document_id),
             "prefix-lm": autoflash.MaskMod(prefix_lm, prefix)}
@@ -126,10 +126,13 @@ def main():
     parser.add_argument("--heads", default="32/8")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--documents", type=int, default=8,
+                        help="documents in the mask_mod cases' document mask (1: every pair attends, through the mask)")
     parser.add_argument("--cases", help="comma-separated names of CASES to run (default: all)")
     parser.add_argument("--knobs", default="[{}]",
-                        help="JSON list of forward knob changes to time autoflash under, e.g. "
-                             "'[{}, {\"num_warps\": 8}]' ({} : the dispatched knobs; the backward runs as dispatched)")
+                        help="JSON list of knob changes to time autoflash under, e.g. '[{}, {\"num_warps\": 8}]' "
+                             "({} : the dispatched knobs; a change applies to the forward, or with \"direction\": "
+                             "\"bwd\" to the backward: benchmarks/forced_knobs.py)")
     parser.add_argument("--out", help="append a JSON line per measurement to this file")
     args = parser.parse_args()
     heads_q, heads_kv = (int(h) for h in args.heads.split("/"))
@@ -141,7 +144,7 @@ def main():
     meta = dict(gpu=torch.cuda.get_device_name(),
                 command="python benchmarks/variants.py " + " ".join(f"--{n.replace('_', '-')} {shlex.quote(str(a))}"
                                                                     for n, a in vars(args).items() if n != "out"))
-    mods = mask_mods(args.seqlen, q.device)
+    mods = mask_mods(args.seqlen, q.device, args.documents)
     for name, (causal, fields) in CASES.items():
         if args.cases and name not in args.cases.split(","):
             continue
