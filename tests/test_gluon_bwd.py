@@ -142,7 +142,7 @@ def test_dv_late(head_dim, dtype, causal):
 
 @pytest.mark.parametrize("knobs", [BwdKnobs(), BwdKnobs(group_splits=2), BwdKnobs(dq_writer=True), BwdKnobs(block_m=32),
                                    BwdKnobs(dq_turns=True), BwdKnobs(dv_late=True),
-                                   BwdKnobs(dq_turns=True, dv_late=True)],
+                                   BwdKnobs(dq_turns=True, dv_late=True), BwdKnobs(dq_writer=True, dv_late=True)],
                          ids=str)
 @pytest.mark.parametrize("case", VARIANT_CASES + [(True, (4096, -1), 0.0, None), (True, (-1, -1), 50.0, None),
                                                   (True, (256, -1), 30.0, "heads")], ids=str)

@@ -48,16 +48,22 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         group = problem.group if split else 1
         # (dq_turns has run on the GPU for dense problems and the fixed variants, not packed or masked ones yet)
         turns = d <= 64 and not problem.gates() & {"VARLEN", "MASK_MOD"}
-        # (dv_late measured faster past head dim 64 on full attention only, causal cells -4 to +3%, NOTES G-bwd21;
-        # to 64 beside dq_turns, causal or not, +1.9%, NOTES 68)
-        late = (d <= 64 or not problem.causal) and d <= 128 and problem.window == (-1, -1) and not problem.gates() & {
+        # (dv_late measured faster past head dim 64 on full attention and a window's band of equal programs, causal
+        # cells -4 to +3%, NOTES G-bwd21; window 4096 at 32k d128 +3%, NOTES 158; to 64 beside dq_turns, causal or
+        # not, +1.9%, NOTES 68)
+        late = (d <= 64 or not problem.causal or problem.window != (-1, -1)) and d <= 128 and not problem.gates() & {
             "VARLEN", "MASK_MOD"}
         # At head dim 64 a wide group runs 8 programs with three ring slots from 1k to 8k queries (the tuned d64
         # MQA and 16:1 records there: that variant won 7 of 7, 2-14% over 4 programs; 4 won at 512 and 32k; NOTES 102)
         eight = split and wide and d <= 64 and 1024 <= problem.seqlen_q <= 8192
+        # A mask_mod's backward to head dim 128 issues dV late and hands dQ to the writer warp (8 documents in 16k,
+        # d128: 409 -> 501 TFLOP/s, 1.07x -> 1.32x FlexAttention; prefix-LM 489 -> 505; one document 449 -> 528,
+        # plain full attention's 531; NOTES 158)
+        masked = "MASK_MOD" in problem.gates() and d <= 128
         splits, uneven = _group_splits(group, 8 if eight else 4 if d <= 64 else 8 if wide else 2)
         unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
-                           num_buffers=3 if eight else 2, dq_turns=turns, dv_late=late and not eight)
+                           num_buffers=3 if eight else 2, dq_turns=turns, dv_late=(late or masked) and not eight,
+                           dq_writer=masked)
         # Past head dim 128 the warpgroups split the keys, 32 each with all their columns, in 64-row steps: over two
         # column tiles with two ring slots where the column split pays (160, 192: 1.08-1.22x the column split alone
         # on the H200, NOTES 131), else over the padded tile with one slot (200-256 columns: 1.06-1.21x the 32-row
@@ -73,7 +79,7 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         candidates = tuple(occupied(k, problem, gpu) for k in (
             *(c for k in wide for c in (k, replace(k, group_splits=1, uneven_groups=False))), unsplit,
             replace(unsplit, group_splits=1, uneven_groups=False),
-            replace(unsplit, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False)))
+            replace(unsplit, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False, dq_writer=False)))
     else:
         three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
         split = split_pays(problem)
