@@ -22,7 +22,8 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     under this tile's last P V (NOTES G9: d128 full +1-6%); where the padded tile is past 64 columns and
     head_dim_split drops a quarter of them (72, 80, 96, 160, 192), two column tiles, 128-key blocks to 160 columns,
     no tile_overlap (NOTES G16: +4-40%; G17); to head dim 64 (16, 32, 64: no padded columns) and 512 tokens
-    (causal: 1024), three programs an SM of one consumer each (NOTES 147, 150, 151). None where the family cannot
+    (causal: 1024), three programs an SM of one consumer each (NOTES 147, 150, 151); a mask_mod's tiles never of three
+    consumers (192 rows straddle its blocks: NOTES 158). None where the family cannot
     run the problem. The backward (every untuned backward's default where it runs: autoflash.families.default_order):
     two consumer warpgroups, 64-row steps, two ring slots (NOTES G-bwd3, G-bwd6); past head dim 128 the
     warpgroups' own 32 keys (split_keys), over two column tiles where head_dim_split pays (NOTES 131), else over
@@ -37,7 +38,9 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
     454-475 split, NOTES 59). To head dim 64 the two warpgroups take turns adding dQ (dq_turns: 11 of the fp16
     grid's 12 d64 cells +3.5-10%, NOTES G-bwd20); full attention to head dim 128, and causal to 64, issues dV's
     wgmma after dS^T's store (dv_late: the fp16 grid's 6 d128 full cells +2-18%, NOTES G-bwd21; beside dq_turns on
-    the d64 cells from 2k +1.9%, NOTES 68)."""
+    the d64 cells from 2k +1.9%, NOTES 68), and a window's too (window 4096 at 32k +3%); a mask_mod's at padded head
+    dim 128 issues dV's wgmma late and adds dQ through the writer warp (8 documents in 16k: 1.07x -> 1.27-1.32x
+    FlexAttention, NOTES 158)."""
     d = head_dim_pad(problem.head_dim)
     if direction == "bwd":
         # A KV head that serves 16 query heads or more (MQA, GQA 16:1) runs few programs unsplit at any length: its
@@ -56,10 +59,10 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
         # At head dim 64 a wide group runs 8 programs with three ring slots from 1k to 8k queries (the tuned d64
         # MQA and 16:1 records there: that variant won 7 of 7, 2-14% over 4 programs; 4 won at 512 and 32k; NOTES 102)
         eight = split and wide and d <= 64 and 1024 <= problem.seqlen_q <= 8192
-        # A mask_mod's backward to head dim 128 issues dV late and hands dQ to the writer warp (8 documents in 16k,
-        # d128: 409 -> 501 TFLOP/s, 1.07x -> 1.32x FlexAttention; prefix-LM 489 -> 505; one document 449 -> 528,
-        # plain full attention's 531; NOTES 158)
-        masked = "MASK_MOD" in problem.gates() and d <= 128
+        # A mask_mod's backward at padded head dim 128 issues dV late and hands dQ to the writer warp (8 documents in
+        # 16k: 409 -> 501 TFLOP/s, 1.07x -> 1.32x FlexAttention; causal +15%; prefix-LM 489 -> 505; one document
+        # 449 -> 528, plain full attention's 531; at head dim 64 -2.5% to +1%, left as it was; NOTES 158)
+        masked = "MASK_MOD" in problem.gates() and d == 128
         splits, uneven = _group_splits(group, 8 if eight else 4 if d <= 64 else 8 if wide else 2)
         unsplit = BwdKnobs(block_m=64 if d <= 128 else 32, group_splits=splits, uneven_groups=uneven,
                            num_buffers=3 if eight else 2, dq_turns=turns, dv_late=(late or masked) and not eight,
@@ -81,7 +84,9 @@ def default_knobs(problem: Problem, gpu: Gpu, direction: str = "fwd") -> FwdKnob
             replace(unsplit, group_splits=1, uneven_groups=False),
             replace(unsplit, group_splits=1, uneven_groups=False, dq_turns=False, dv_late=False, dq_writer=False)))
     else:
-        three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048)
+        # (not under a mask_mod: 192-row tiles straddle its blocks; 8 documents in 16k at d64 ran 344 -> 418 TFLOP/s
+        # with two consumers, causal 0.68 -> 0.43 ms, NOTES 158)
+        three = d <= 64 and problem.seqlen_q >= (8192 if problem.causal else 2048) and not problem.mask_mod
         split = split_pays(problem)
         columns = sum(column_tiles(FwdKnobs(head_dim_split=split), problem))
         knobs = FwdKnobs(block_n=128 if columns <= (160 if split else 128) else 64, consumers=3 if three else 2,
