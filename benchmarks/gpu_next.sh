@@ -90,12 +90,12 @@ varlen)
     echo "kvcache bench rc $?"; cat "$out/${day}_${gpu}_kvcache_decode.log"
     ;;
 variants)  # issue 16's table: every case at 32k tokens (GQA 32/8, d128, bf16), its document mask as the issue sets it
-          # (8 documents in 16k tokens), its softcap at head dim 256 too
+          # (8 documents in 16k tokens), its softcap at head dim 256 too (GQA 16/8: examples/variants.yaml's problem)
     rows="$out/${day}_${gpu}_variants.jsonl"
     limit 280 python benchmarks/variants.py --out "$rows" 2>&1 | grep -v Warning
     limit 120 python benchmarks/variants.py --seqlen 16384 --cases "documents,causal documents" --out "$rows" 2>&1 \
         | grep -v Warning
-    limit 120 python benchmarks/variants.py --seqlen 16384 --head-dim 256 --cases "causal softcap,full softcap" \
+    limit 120 python benchmarks/variants.py --seqlen 16384 --heads 16/8 --head-dim 256 --cases "causal softcap,full softcap" \
         --out "$rows" 2>&1 | grep -v Warning
     ;;
 holdout)  # issue 18: dispatch's fallback on examples/holdout.yaml (no database holds them), from a fresh wheel install
