@@ -38,11 +38,17 @@ STARTUP_TRIALS = 8
 
 
 def make_sampler(name: str, seed: int | None, space: dict[str, Sequence]) -> optuna.samplers.BaseSampler:
+    """The study's sampler; its `random_trials`: how many finished trials the search draws its points for, at
+    random as the sampler would (`_enqueue_random`), before it asks the sampler."""
     if name == "tpe":
-        return _FixedSpaceTPE(space, seed=seed, multivariate=True, constant_liar=True,
-                              n_startup_trials=STARTUP_TRIALS)
+        sampler = _FixedSpaceTPE(space, seed=seed, multivariate=True, constant_liar=True,
+                                 n_startup_trials=STARTUP_TRIALS)
+        sampler.random_trials = STARTUP_TRIALS
+        return sampler
     if name in ("random", "grid"):  # grid: search() evaluates the valid points in order, never asking the sampler
-        return optuna.samplers.RandomSampler(seed=seed)
+        sampler = optuna.samplers.RandomSampler(seed=seed)
+        sampler.random_trials = 0  # (its asks are at random already)
+        return sampler
     raise ValueError(f"unknown sampler {name!r}: use one of {SAMPLERS}")
 
 
@@ -83,8 +89,7 @@ def search(space: dict[str, Sequence], evaluate: Callable[[list[Point]], list[fl
             if not batch:
                 break
         else:
-            if sampler == "tpe":
-                _enqueue_startup(study, space, is_valid, values, size, rng)
+            _enqueue_random(study, space, is_valid, values, size, rng)
             batch, repeats = _ask_batch(study, space, is_valid, values, size)
         if not batch:  # the sampler proposes only known points: explore unseen ones at random
             unseen = [p for p in valid_points(space, is_valid) if _key(p) not in values]
@@ -174,14 +179,14 @@ def _add_evaluated(study, space, point: Point, value: float | None):
                                               value=value, state=state, user_attrs={"evaluated": True}))
 
 
-def _enqueue_startup(study, space, is_valid, values, size: int, rng: random.Random, tries: int = 10_000):
-    """While TPE has fewer than STARTUP_TRIALS finished trials, the batch's new points are drawn here as TPE would
-    draw them (each knob at random, an invalid point drawn again), and queued: an invalid point costs a check here,
-    and an ask of the sampler told as pruned there (~4 ms; ~115 of them in a family's first batch, a third of the
-    tuner's own time, NOTES 143)."""
+def _enqueue_random(study, space, is_valid, values, size: int, rng: random.Random, tries: int = 10_000):
+    """While the study has fewer finished trials than its sampler's `random_trials` (TPE's startup), the batch's new
+    points are drawn here as the sampler would draw them (each knob at random, an invalid point drawn again), and
+    queued: an invalid point costs a check here, and an ask of the sampler told as pruned there (~4 ms; ~115 of
+    them in a TPE family's first batch, a third of the tuner's own time, NOTES 143)."""
     finished = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                         optuna.trial.TrialState.PRUNED))
-    if len(finished) >= STARTUP_TRIALS:
+    if len(finished) >= getattr(study.sampler, "random_trials", 0):  # (a sampler made elsewhere: none drawn here)
         return
     waiting, drawn = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))), set()
     for _ in range(tries):
