@@ -65,12 +65,12 @@ def launcher(family: str, part: str = ""):
 
 
 @lru_cache(maxsize=None)
-def head_dim_tiles(head_dim_split: bool, head_dim: int) -> tuple[int, ...]:
-    """Widths of the column tiles a head dim spans, as every family's forward launcher splits it
-    (templates/common/launch_columns.py), zero widths dropped; once per argument: the tuner asks for every point of a
+def launcher_tiles(family: str, part: str, function: str, head_dim: int, **knobs) -> tuple[int, ...]:
+    """Widths of the column tiles a head dim spans, as a launcher splits it (`function(knobs, head_dim)` of the
+    launcher (family, part): every family's forward, ("common", "columns", "column_tiles"),
+    templates/common/launch_columns.py), zero widths dropped; once per argument: the tuner asks for every point of a
     search space."""
-    return tuple(w for w in launcher("common", "columns").column_tiles({"head_dim_split": head_dim_split}, head_dim)
-                 if w)
+    return tuple(w for w in getattr(launcher(family, part), function)(knobs, head_dim) if w)
 
 
 def borrowed(source: str) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ from autoflash.families.gluon.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
 from autoflash.knobs import MAX_GRID_Y, cdiv, head_dim_pad
 from autoflash.problem import Problem
-from autoflash.resources import head_dim_tiles, launcher
+from autoflash.resources import launcher, launcher_tiles
 
 MAX_REGISTERS = 65536  # per SM, shared by the programs_per_sm programs on it
 BLOCK_RESERVED_BYTES = 1024  # shared memory the SM keeps for each resident program
@@ -21,15 +21,12 @@ def column_tiles(knobs: FwdKnobs | BwdKnobs, problem: Problem) -> tuple[int, ...
     padded (the backward's second tile at least 64 columns with split_keys: templates/gluon/launch_bwd.py)."""
     if knobs.DIRECTION == "bwd":
         return _bwd_column_tiles(knobs.head_dim_split, knobs.split_keys, problem.head_dim)
-    return head_dim_tiles(knobs.head_dim_split, problem.head_dim)
+    return launcher_tiles("common", "columns", "column_tiles", problem.head_dim, head_dim_split=knobs.head_dim_split)
 
 
-@lru_cache(maxsize=None)
 def _bwd_column_tiles(head_dim_split: bool, split_keys: bool, head_dim: int) -> tuple[int, ...]:
-    """The backward launcher's column tiles, zero widths dropped, once per argument (as `head_dim_tiles`)."""
-    columns = launcher("gluon", "bwd")._column_tiles({"head_dim_split": head_dim_split, "split_keys": split_keys},
-                                                     head_dim)
-    return tuple(w for w in columns if w)
+    return launcher_tiles("gluon", "bwd", "_column_tiles", head_dim, head_dim_split=head_dim_split,
+                          split_keys=split_keys)
 
 
 def shared_memory_bytes(knobs: FwdKnobs, problem: Problem) -> int:

@@ -5,13 +5,14 @@ from autoflash.families.tl.knobs import BwdKnobs, FwdKnobs
 from autoflash.gpu import Gpu
 from autoflash.knobs import MAX_GRID_Y, Knobs, cdiv, head_dim_pad, next_power_of_2
 from autoflash.problem import Problem
-from autoflash.resources import head_dim_tiles
+from autoflash.resources import launcher_tiles
 
 
 def column_tiles(knobs: Knobs, problem: Problem) -> tuple[int, ...]:
     """Widths of the column tiles a program's Q, K, V and O tiles span, as the launcher splits them: the head
     dim padded to a power of two, or with head_dim_split the largest power of two below it and the rest."""
-    return head_dim_tiles(isinstance(knobs, FwdKnobs) and knobs.head_dim_split, problem.head_dim)
+    return launcher_tiles("common", "columns", "column_tiles", problem.head_dim,
+                          head_dim_split=isinstance(knobs, FwdKnobs) and knobs.head_dim_split)
 
 
 def split_saves_columns(problem: Problem) -> bool:
