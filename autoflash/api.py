@@ -237,7 +237,8 @@ def _plan(q, k, v, out, causal, softmax_scale, return_lse, deterministic, varian
     if q.numel():
         problem = Problem.from_tensors(q_checked, k_checked, causal, window, softcap > 0, slopes is not None,
                                        "" if mod is None else mod.fingerprint(),
-                                       "" if score_mod is None else score_mod.fingerprint())
+                                       "" if score_mod is None else score_mod.fingerprint()
+                                       ).with_mods(mod, score_mod)  # (tuning on first use times them)
         gpu = gpus.current(q.device)
         # The window's right bound of 0 is causal masking: problem.causal says whether the kernels mask so.
         mask, gates = problem.causal, problem.gates()
@@ -309,11 +310,8 @@ def _chosen(problem: Problem, gpu: gpus.Gpu, direction: str, tensors, determinis
     forward of a differentiable call with its backward, which will follow."""
     from autoflash.tune import on_miss  # at a call signature's first call only: never on the hot path
 
-    if not problem.mask_mod and not problem.score_mod:  # (tuning a mod's problem needs its function, which a tuner
-        # cannot load yet)
-        differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in tensors[:3])
-        on_miss.settle(DISPATCHER, problem, gpu, ("fwd", "bwd") if direction == "fwd" and differentiable else
-                       (direction,))
+    differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in tensors[:3])
+    on_miss.settle(DISPATCHER, problem, gpu, ("fwd", "bwd") if direction == "fwd" and differentiable else (direction,))
     return DISPATCHER.for_call(problem, gpu, direction, tensors, deterministic)
 
 
@@ -410,15 +408,17 @@ DISPATCHER = Dispatcher()
 
 
 def explain(q, k, v, *, causal=False, deterministic=False, window_size=_NO_WINDOW, softcap=_NO_SOFTCAP,
-            alibi_slopes=None) -> str:
+            alibi_slopes=None, mask_mod=None, score_mod=None) -> str:
     """Which forward and backward variants `attention(q, k, v, causal=causal, ...)` runs, where they come
     from and why. Lines of the backward start with 'bwd', those of the forward with 'fwd'."""
     from autoflash.tune import on_miss
 
     q, k, v = _checked(q, k, v)
     slopes = checks.checked_slopes(alibi_slopes, q)
+    mods = (as_mask_mod(mask_mod), as_score_mod(score_mod))
     problem = Problem.from_tensors(q, k, causal, checks.checked_window(window_size),
-                                   checks.checked_softcap(softcap) > 0, slopes is not None)
+                                   checks.checked_softcap(softcap) > 0, slopes is not None,
+                                   *("" if mod is None else mod.fingerprint() for mod in mods))
     gpu = gpus.current(q.device)
     lines = [f"problem:     {problem.label()} ({problem.key()})", f"gpu:         {gpu.name} (family {gpu.family})"]
     for direction in ("fwd", "bwd"):

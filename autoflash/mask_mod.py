@@ -20,6 +20,7 @@ The checking and rendering (`Kind`, `Mod`, `checked`, `rendered`) serve autoflas
 import ast
 import copy
 import inspect
+import linecache
 import textwrap
 from typing import NamedTuple
 
@@ -63,6 +64,7 @@ class Mod:
 
     def __init__(self, fn, *captures):
         self.fn, self.captures = fn, captures
+        self.first = (0, 0)  # (batch entry, head) of the slice `indices` number from (`at`)
         self.rendered = self.render(fn)
         label, name, count = self.KIND.label, getattr(fn, "__name__", "?"), self.rendered.captures
         if len(captures) != count:
@@ -94,14 +96,41 @@ class Mod:
         return f"{self.KIND.label} {getattr(self.fn, '__name__', '?')}"
 
     def with_captures(self, captures) -> "Mod":
-        mod = type(self).__new__(type(self))
-        mod.fn, mod.captures, mod.rendered = self.fn, tuple(captures), self.rendered
+        return self._with(captures=tuple(captures))
+
+    def at(self, batch: int, head: int) -> "Mod":
+        """This mod evaluated by torch on a slice of the problem that starts at batch entry `batch` and query head
+        `head` (a reference of one head: its b and h are the problem's, not the slice's)."""
+        return self._with(first=(batch, head))
+
+    def _with(self, **changes) -> "Mod":
+        """A copy with `changes` to its attributes (not copy.copy, which would pickle it: `__reduce__`)."""
+        mod = object.__new__(type(self))
+        mod.__dict__.update(self.__dict__, **changes)
         return mod
 
     def indices(self, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device) -> tuple[torch.Tensor, ...]:
-        """(b, h, q_idx, kv_idx) as int64 tensors that broadcast to (batch, heads, seqlen_q, seqlen_k)."""
-        return tuple(torch.arange(n, device=device).view([-1 if d == i else 1 for d in range(4)])
-                     for i, n in enumerate((batch, heads, seqlen_q, seqlen_k)))
+        """(b, h, q_idx, kv_idx) as int64 tensors that broadcast to (batch, heads, seqlen_q, seqlen_k), b and h from
+        `first`."""
+        return tuple(torch.arange(start, start + n, device=device).view([-1 if d == i else 1 for d in range(4)])
+                     for i, (start, n) in enumerate(zip((*self.first, 0, 0), (batch, heads, seqlen_q, seqlen_k))))
+
+    def __reduce__(self):
+        """Pickled as its source and its captures (copied to the CPU): a tuner's worker process rebuilds it
+        (`_rebuilt`) without the user's module, which it could not import (a mod defined in a script)."""
+        source = textwrap.dedent(inspect.getsource(self.fn))
+        return _rebuilt, (type(self), self.fn.__name__, source, tuple(t.cpu() for t in self.captures))
+
+
+def _rebuilt(cls, name: str, source: str, captures) -> Mod:
+    """A mod of class `cls` from its def's `source` (as `Mod.__reduce__` gives it) and captures. The source is kept
+    where `inspect.getsource` finds it (linecache, under a name of its own), so the mod renders and pickles as the
+    original does; it names nothing but torch and its parameters (`checked` refuses the rest)."""
+    filename = f"<autoflash {cls.KIND.label} {name} {mod_fingerprint(source, captures)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"torch": torch}
+    exec(compile(source, filename, "exec"), namespace)
+    return cls(namespace[name], *captures)
 
 
 class MaskMod(Mod):
@@ -259,7 +288,7 @@ class _Kernel(ast.NodeTransformer):
 
     def visit_Call(self, node):
         node = self.generic_visit(node)
-        if node.func.attr != "tanh":
+        if not (isinstance(node.func, ast.Attribute) and node.func.attr == "tanh"):  # (a capture read: _capture(...))
             return node
         sigmoid = ast.Call(ast.Attribute(ast.Name("tl", ast.Load()), "sigmoid", ast.Load()),
                            [ast.BinOp(ast.Constant(2.0), ast.Mult(), node.args[0])], [])

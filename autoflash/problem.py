@@ -2,7 +2,7 @@
 
 import math
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -57,6 +57,10 @@ class Problem:
     # A user-written score transform (SCORE_MOD, autoflash/score_mod.py): its fingerprint (ScoreMod.fingerprint), ""
     # for none. Its code changes the kernels (their speed too), so each mod is a problem of its own.
     score_mod: str = ""
+    # The mods themselves (autoflash.MaskMod, ScoreMod), where the problem travels to a tuner's worker processes,
+    # which compile, check and time its variants with them (`with_mods`); not part of its identity (the fingerprints
+    # above are), never stored.
+    mods: tuple = field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, causal: bool, window_size=(-1, -1), softcap=False,
@@ -74,6 +78,14 @@ class Problem:
         causal, window = canonical_window(self.causal, window_size, self.seqlen_q, self.seqlen_k)
         return replace(self, causal=causal, window=window, softcap=softcap, alibi=alibi, mask_mod=mask_mod,
                        score_mod=score_mod)
+
+    def with_mods(self, *mods) -> "Problem":
+        """This problem carrying `mods` (None for none), each the one its fingerprint field names."""
+        mods = tuple(m for m in mods if m is not None)
+        named = {self.mask_mod, self.score_mod} - {""}
+        if {m.fingerprint() for m in mods} != named:
+            raise ValueError(f"{self.label()} names the mods {sorted(named)}, given {[m.title for m in mods]}")
+        return replace(self, mods=mods)
 
     def gates(self) -> frozenset[str]:
         """The variants this problem uses, as names of VARIANTS: the Jinja gates its kernels are rendered with

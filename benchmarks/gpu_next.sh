@@ -7,6 +7,7 @@
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh bench   $OUT   # the FA grid, fwd and bwd, from the new db
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh varlen  $OUT   # packed sequences and KV caches: tests, speed
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh variants $OUT  # window/softcap/ALiBi beside FlexAttention
+#   . .device/setup.sh && bash benchmarks/gpu_next.sh mods    $OUT   # the mask_mod cases tuned on first use, merged
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh on-miss $OUT    # tune on first use, three untuned problems (18)
 #   . .device/setup.sh && bash benchmarks/gpu_next.sh holdout $OUT    # the fallback on 24 held-out problems, from a
 #                                                                       fresh wheel (18; carry dist, built here first;
@@ -97,6 +98,15 @@ variants)  # issue 16's table: every case at 32k tokens (GQA 32/8, d128, bf16), 
         | grep -v Warning
     limit 120 python benchmarks/variants.py --seqlen 16384 --heads 16/8 --head-dim 256 --cases "causal softcap,full softcap" \
         --out "$rows" 2>&1 | grep -v Warning
+    ;;
+mods)  # NOTES 159: issue 16's mask_mod cases (16k tokens) tuned on first use, each case's first call untimed, then
+      # timed from the records; merged (their mods' own records: dispatch runs them for these mods' fingerprints)
+    rm -f /tmp/mods.db
+    AUTOFLASH_DB=/tmp/mods.db limit 520 python benchmarks/variants.py --seqlen 16384 \
+        --cases "documents,causal documents,prefix-lm" --tune-budget "${BUDGET_S:-60}" \
+        --out "$out/${day}_${gpu}_variants_mods_tuned.jsonl" 2>&1 | grep -v Warning
+    python -m autoflash merge --into tuning_db/$gpu.db /tmp/mods.db --current-only --standalone
+    cp tuning_db/$gpu.db "$out/$gpu.db"
     ;;
 holdout)  # issue 18: dispatch's fallback on examples/holdout.yaml (no database holds them), from a fresh wheel install
           # with no user database. Build the wheel here first: pip wheel --no-deps -w dist . ; carry dist and .device
@@ -198,7 +208,7 @@ ring)
     echo "ring rc $?"; grep '"speed"' "$out/${day}_ring_attention.jsonl"
     ;;
 *)
-    echo "steps: check fwd bwd bench varlen variants holdout on-miss bwd-all" \
+    echo "steps: check fwd bwd bench varlen variants mods holdout on-miss bwd-all" \
          "deep-bwd deep-fwd varlen-retune paged-retune short128-ncu ring" >&2; exit 2
     ;;
 esac

@@ -133,8 +133,13 @@ def main():
                         help="JSON list of knob changes to time autoflash under, e.g. '[{}, {\"num_warps\": 8}]' "
                              "({} : the dispatched knobs; a change applies to the forward, or with \"direction\": "
                              "\"bwd\" to the backward: benchmarks/forced_knobs.py)")
+    parser.add_argument("--tune-budget", type=float, default=0.0,
+                        help="tune each autoflash case on first use with this budget in seconds a direction (into "
+                             "the user database, AUTOFLASH_DB: mods included) before it is timed; 0: as dispatched")
     parser.add_argument("--out", help="append a JSON line per measurement to this file")
     args = parser.parse_args()
+    if args.tune_budget:
+        autoflash.configure(tune="on-miss", budget_s=args.tune_budget)
     heads_q, heads_kv = (int(h) for h in args.heads.split("/"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(args.batch, heads_q, args.seqlen, args.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -175,6 +180,8 @@ def main():
         for impl, (fn, change) in impls.items():
             try:
                 with forced_knobs(change):
+                    if args.tune_budget and impl.startswith("autoflash"):  # (the first call tunes: not timed)
+                        fn(*(t.detach().requires_grad_() for t in (q, k, v))).backward(dout)
                     fwd_ms, bwd_ms = timed(fn, q, k, v, dout)
             except Exception as error:  # one backend's failure is recorded, the others still run
                 row = dict(case=name, impl=impl, error=f"{type(error).__name__}: {str(error)[:300]}")

@@ -46,3 +46,24 @@ def _release_gpu_cache(request):
     yield
     if HAS_GPU and "gpu" in request.keywords:
         torch.cuda.empty_cache()
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """This process's on-miss state and user database as a new process has them, the database in tmp_path (tests of
+    tuning on first use)."""
+    from autoflash.api import DISPATCHER
+    from autoflash.db import urls
+    from autoflash.gpu import INTERPRETER
+    from autoflash.tune import on_miss
+
+    monkeypatch.setattr(on_miss, "_settings", None)
+    monkeypatch.setattr(on_miss, "_outcomes", {})
+    monkeypatch.setattr(on_miss, "_warned", set())
+    monkeypatch.setattr(urls, "_configured", None)
+    monkeypatch.delenv(on_miss.TUNE_ENV, raising=False)
+    monkeypatch.delenv(urls.DB_ENV, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    yield tmp_path / "autoflash" / "tuning.db"
+    for direction in ("fwd", "bwd"):  # what this test's databases held is no other test's
+        DISPATCHER.forget(INTERPRETER.family, direction)

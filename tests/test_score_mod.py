@@ -78,10 +78,14 @@ def flat(score, b, h, q_idx, kv_idx):
     return torch.where(q_idx == kv_idx, 2.0, 1.0)  # (its derivative: a tensor of zeros)
 
 
-@pytest.mark.parametrize("mod", [softcap, halved_ahead, chained, flat], ids=lambda mod: mod.__name__)
+def capped(score, b, h, q_idx, kv_idx, scale):
+    return scale[1] * torch.tanh(score / scale[1])  # (a capture read inside tanh: its rendering once raised)
+
+
+@pytest.mark.parametrize("mod", [softcap, halved_ahead, chained, flat, capped], ids=lambda mod: mod.__name__)
 def test_derivative_matches_autograd(mod):
     """The rendered derivative, run by torch (tl's functions as torch's), against autograd of the mod."""
-    captures = (torch.tensor([0.5, 2.0]),) if mod is chained else ()
+    captures = (torch.tensor([0.5, 2.0]),) if mod in (chained, capped) else ()
     grad = _as_torch(ScoreMod(mod, *captures).rendered.source, "_score_mod_grad")
     score = torch.linspace(-4, 4, 40, dtype=torch.float64).view(1, 1, 5, 8).expand(1, 2, 5, 8).clone()
     score.requires_grad_()

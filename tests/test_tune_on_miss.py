@@ -69,21 +69,6 @@ if __name__ == "__main__":
 FEW_TRIALS, BUDGET_S = 4, 60
 
 
-@pytest.fixture
-def fresh(monkeypatch, tmp_path):
-    """This process's on-miss state and user database as a new process has them, the database in tmp_path."""
-    monkeypatch.setattr(on_miss, "_settings", None)
-    monkeypatch.setattr(on_miss, "_outcomes", {})
-    monkeypatch.setattr(on_miss, "_warned", set())
-    monkeypatch.setattr(urls, "_configured", None)
-    monkeypatch.delenv(on_miss.TUNE_ENV, raising=False)
-    monkeypatch.delenv(urls.DB_ENV, raising=False)
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
-    yield tmp_path / "autoflash" / "tuning.db"
-    for direction in ("fwd", "bwd"):  # what this test's databases held is no other test's
-        DISPATCHER.forget(INTERPRETER.family, direction)
-
-
 def inputs(seqlen_q: int):
     q = torch.randn(1, 2, seqlen_q, 32, dtype=torch.float16)
     return q, torch.randn(1, 1, 33, 32, dtype=torch.float16), torch.randn(1, 1, 33, 32, dtype=torch.float16)

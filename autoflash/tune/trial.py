@@ -64,6 +64,21 @@ def classify(error: BaseException) -> Outcome:
     return Outcome("compile_error", error=text)
 
 
+def _mods(problem: Problem, device: torch.device) -> tuple:
+    """(mask_mod, score_mod) that `problem` names (None for none), from the mods it carries (Problem.with_mods),
+    their captures on `device`."""
+    carried = {mod.fingerprint(): mod for mod in problem.mods}
+    found = []
+    for kind, fingerprint in (("mask_mod", problem.mask_mod), ("score_mod", problem.score_mod)):
+        if fingerprint and fingerprint not in carried:
+            raise ValueError(f"{problem.label()}: its {kind} {fingerprint} did not come with it: a mod's problem is "
+                             "tuned with the mod (Problem.with_mods; autoflash.configure(tune='on-miss') passes the "
+                             "call's), a problems file cannot name one")
+        mod = carried.get(fingerprint) if fingerprint else None
+        found.append(mod and mod.with_captures([t.to(device) for t in mod.captures]))
+    return tuple(found)
+
+
 class Bench:
     """One problem's inputs on one device, for one direction; compiles, checks and times variants.
 
@@ -75,11 +90,17 @@ class Bench:
         self.problem, self.direction, self.device, self.load = problem, direction, device, load_function(loader)
         self.scale = 1.0 / math.sqrt(problem.head_dim)
         p = problem
-        # The variants' call-time data, the same for every variant timed.
+        # The variants' call-time data, the same for every variant timed (the mods' captures in autoflash.attention's
+        # order: ALiBi's slopes, the score_mod's, the mask_mod's).
         self.reference_variants = variant_kwargs(p, device)
         softcap, slopes = self.reference_variants["softcap"], self.reference_variants["alibi_slopes"]
-        self.variant = checks.variant_args(p.causal, p.window, p.seqlen_q, p.seqlen_k, softcap, slopes)
-        self.extra = () if slopes is None else (slopes,)
+        self.mask_mod, self.score_mod = _mods(p, device)
+        mods = [("score_mod", self.score_mod), ("mask_mod", self.mask_mod)]
+        self.rendered = {name: mod.rendered for name, mod in mods if mod is not None}
+        self.variant = checks.variant_args(p.causal, p.window, p.seqlen_q, p.seqlen_k, softcap, slopes, self.mask_mod,
+                                           self.score_mod)
+        self.extra = (*(() if slopes is None else (slopes,)), *(t for _, mod in mods if mod is not None
+                                                                 for t in mod.captures))
         self.sets = [self._inputs(seed) for seed in range(input_sets(self._set_bytes(), device) if measure else 1)]
         q, k, v = self.sets[0][:3]
         self.out = torch.empty_like(q)
@@ -104,7 +125,7 @@ class Bench:
             return p.random_inputs(self.device, seed)
         q, k, v, dout = p.random_inputs(self.device, seed, with_dout=True)
         out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32, device=self.device)
-        forward = codegen.load(default_knobs(p, gpus.current(self.device)), p.gates()).forward
+        forward = codegen.load(default_knobs(p, gpus.current(self.device)), p.gates(), **self.rendered).forward
         forward(q, k, v, out, lse, self.scale, p.causal, variant=self.variant)
         return q, k, v, out, lse, dout
 
@@ -120,21 +141,23 @@ class Bench:
         group = self.problem.group
         slopes = self.reference_variants["alibi_slopes"]
 
-        def of_head(head):  # the variant arguments of one query head
-            return dict(self.reference_variants, alibi_slopes=None if slopes is None else slopes[head:head + 1])
+        def of_head(b, head):  # the variant arguments of one query head of batch entry b
+            return dict(self.reference_variants, alibi_slopes=None if slopes is None else slopes[head:head + 1],
+                        **{name: mod.at(b, head) for name, mod in (("mask_mod", self.mask_mod),
+                                                                   ("score_mod", self.score_mod)) if mod is not None})
         refs = {}
         for b, h in self._samples():
             hkv = h // group
             kv = (self._rows(k, b, keys=True)[:, hkv:hkv + 1], self._rows(v, b, keys=True)[:, hkv:hkv + 1])
             if self.direction == "fwd":
                 refs[b, h] = tuple(t[0, 0] for t in attention_reference(self._rows(q, b)[:, h:h + 1], *kv,
-                                                                        self.problem.causal, self.scale, **of_head(h)))
+                                                                        self.problem.causal, self.scale, **of_head(b, h)))
             else:  # one query head at a time (fp64 scores of a 32k x 32k head are 8.6 GB), dK and dV summed
                 dout, dk, dv = self._rows(self.sets[0][5], b), 0.0, 0.0
                 for head in range(hkv * group, (hkv + 1) * group):
                     dq_h, dk_h, dv_h = attention_backward_reference(
                         self._rows(q, b)[:, head:head + 1], *kv, dout[:, head:head + 1], self.problem.causal,
-                        self.scale, **of_head(head))
+                        self.scale, **of_head(b, head))
                     dk, dv = dk + dk_h[0, 0], dv + dv_h[0, 0]
                     if head == h:
                         dq = dq_h[0, 0]
@@ -157,7 +180,7 @@ class Bench:
     def _load(self, knobs: Knobs):
         """The variant of `knobs`, rendered with the problem's gates (a plain problem's loader takes knobs alone)."""
         gates = self.problem.gates()
-        return self.load(knobs, gates) if gates else self.load(knobs)
+        return self.load(knobs, gates, **self.rendered) if gates else self.load(knobs)
 
     def compile(self, knobs: Knobs) -> Outcome:
         """Render, compile and run once: Triton's disk cache then serves the measuring process."""
