@@ -425,8 +425,9 @@ def explain(q, k, v, *, causal=False, deterministic=False, window_size=_NO_WINDO
         choice = DISPATCHER.for_call(problem, gpu, direction, (q, k, v), deterministic)
         lines += [f"{direction} source:  {choice.source}", f"{direction} why:     {choice.reason}"]
         if choice.tuned:
-            lines.append(f"{direction} tuned:   {choice.tuned.problem.label()} at {choice.tuned.median_ms:.4f} ms, "
-                         f"{choice.tuned.tflops:.1f} TFLOP/s")
+            rate = choice.tuned.problem.tflops(direction, choice.tuned.median_ms)
+            lines.append(f"{direction} tuned:   {choice.tuned.problem.label()} at {choice.tuned.median_ms:.4f} ms"
+                         + (f", {rate:.1f} TFLOP/s" if rate else ""))
         if not choice.tuned or choice.tuned.problem != problem:
             why = DISPATCHER.why_untuned(problem, gpu, direction)
             if why:

@@ -48,14 +48,17 @@ def export(choices: dict[Problem, dict[str, Choice]], out: Path, gpu_family: str
         variants = {}
         for kind, choice in per_kind.items():
             module = f"variant_{codegen.kernel_key(choice.knobs, problem.gates(), *rendered)}"
-            tflops = round(choice.tuned.tflops, 1) if choice.tuned and choice.tuned.problem == problem else None
+            tuned = choice.tuned if choice.tuned and choice.tuned.problem == problem else None
+            rate = tuned and problem.tflops(kind.split("_")[0], tuned.median_ms)  # (a mask_mod's: none)
+            measured = "not measured on this exact problem" if tuned is None else \
+                f"{tuned.median_ms:.4f} ms" + (f", {rate:.1f} TFLOP/s" if rate else "")
             header = (f"gpu family: {gpu_family}",
                       f"chosen for: {problem.key()} {kind} ({choice.reason}; source {choice.source})",
-                      f"measured: {'not measured on this exact problem' if tflops is None else f'{tflops} TFLOP/s'}")
+                      f"measured: {measured}")
             source = codegen.render(choice.knobs, extra_header=header, variants=problem.gates(), mask_mod=rendered[0],
                                     score_mod=rendered[1])
             (out / f"{module}.py").write_text(source)
-            variants[kind] = (module, choice.knobs.family, choice.knobs.as_point(), tflops)
+            variants[kind] = (module, choice.knobs.family, choice.knobs.as_point(), rate and round(rate, 1))
             used.add((choice.knobs.family, choice.knobs.DIRECTION))
             if problem.gates() - problem.variants:  # window, softcap, ALiBi, mods
                 fixed.add(choice.knobs.family)

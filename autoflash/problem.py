@@ -280,8 +280,14 @@ class Problem:
         return sum(max(0, end(i) - first(i)) for i in range(self.seqlen_q))
 
     def flops(self, direction: str = "fwd") -> float:
-        """FLOPs of one pass: the backward counts 2.5 x the forward (five matmuls to the forward's two)."""
+        """FLOPs of one pass: the backward counts 2.5 x the forward (five matmuls to the forward's two). Under a
+        mask_mod, whose pairs depend on its captures' data (not in the problem), the pairs without it: a bound."""
         return self.fwd_flops() * (BWD_FLOP_RATIO if direction == "bwd" else 1.0)
+
+    def tflops(self, direction: str, ms: float | None) -> float | None:
+        """TFLOP/s of a pass of `ms` milliseconds, as reports show it; None where unknown (no time, or a mask_mod's
+        pairs: `flops`; a database's trial rows keep `flops`' bound, which its readers require)."""
+        return self.flops(direction) / ms * 1e-9 if ms and not self.mask_mod else None
 
     def fwd_flops(self) -> float:
         """FlashAttention-paper count: 4·b·h·sq·sk·d for full attention, the visible half for causal.

@@ -99,4 +99,6 @@ def test_on_first_use_the_calls_mask_mod_is_tuned_and_its_winner_runs(fresh, tmp
     explained = autoflash.explain(q, k, v, causal=True, mask_mod=mod)
     assert "fwd on-miss: tuned here on first use" in explained and "fwd why:     exact problem tuned" in explained, \
         explained
+    # (the mask's pairs are its captures' data, not the problem's: no TFLOP/s is claimed for it)
+    assert "fwd tuned:" in explained and "TFLOP/s" not in explained, explained
     assert Store(str(tmp_path / "mine.db")).count_trials() > 0

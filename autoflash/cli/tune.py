@@ -337,7 +337,8 @@ def format_reports(reports) -> str:
              f"{'vs SDPA':>7} {'wall s':>7} {'compile':>7} {'timing':>7} {'waits':>6}  best"]
     for r in reports:
         tbps = f"{r.kv_tbps:7.2f}" if r.kv_tbps else f"{'-':>7}"
-        ms = f"{r.best_ms:9.4f} {r.tflops:8.1f} {tbps}" if r.best_ms else f"{'-':>9} {'-':>8} {'-':>7}"
+        rate = f"{r.tflops:8.1f}" if r.tflops else f"{'-':>8}"
+        ms = f"{r.best_ms:9.4f} {rate} {tbps}" if r.best_ms else f"{'-':>9} {'-':>8} {'-':>7}"
         speedup = f"{r.speedup:6.2f}x" if r.speedup else f"{'-':>7}"
         best = r.best.to_json() if r.best else f"no valid variant: {r.no_valid_variant}" if r.no_valid_variant \
             else "(no variant passed)" if r.trials else "(no trial finished here: other tuners hold its trials)"

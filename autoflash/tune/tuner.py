@@ -44,7 +44,7 @@ class Report:
 
     @property
     def tflops(self) -> float | None:
-        return self.problem.flops(self.direction) / self.best_ms * 1e-9 if self.best_ms else None
+        return self.problem.tflops(self.direction, self.best_ms)
 
     @property
     def kv_tbps(self) -> float | None:
