@@ -79,8 +79,8 @@ def _show(store, gpu_family: str) -> bool:
     for (direction, problem), (trials, failed) in counts.items():
         b = best.get((direction, problem))
         # the rate from today's count (a record's stored one keeps the count of its day)
-        tflops = problem.tflops(direction, b.median_ms) if b else None
-        speed = f"{b.median_ms if b else '-':>9{'.4f' if b else ''}} {tflops or '-':>8{'.1f' if tflops else ''}}"
+        tflops = problem.tflops(direction, b.median_ms) if b else None  # (none for a mask_mod's problem)
+        speed = (f"{b.median_ms:9.4f}" if b else f"{'-':>9}") + (f" {tflops:8.1f}" if tflops else f" {'-':>8}")
         why = "; ".join(unusable.get((direction, problem.key()), [])) or "(none passed)"
         click.echo(f"{problem.label():<36} {direction:<3} {trials:>6} {failed:>6} {speed}  {b.knobs if b else why}")
     return True
