@@ -114,6 +114,10 @@ CASES = [({}, 128, "float16", False),
          (dict(dv_late=True, group_splits=2), 128, "bfloat16", True, ["WINDOW"]),
          (dict(dv_late=True), 128, "bfloat16", True, ["VARLEN"]),
          (dict(dv_late=True), 128, "bfloat16", True, ["MASK_MOD"], "documents"),
+         # the defaults of a mask_mod at d128 (causal: groups split from 2k) and of a window (NOTES 158)
+         (dict(dv_late=True, dq_writer=True), 128, "bfloat16", False, ["MASK_MOD"], "documents"),
+         (dict(dv_late=True, dq_writer=True, group_splits=2), 128, "bfloat16", True, ["MASK_MOD"], "prefix-lm"),
+         (dict(dv_late=True, dq_writer=True), 128, "bfloat16", True, ["WINDOW"]),
          # packed sequences: the (sequence, key block) table, lse and delta by plain loads, dK and dV stored from
          # registers (or added in fp32 where the group is split), each head dim's tiles, the dQ writer
          ({}, 64, "bfloat16", False, ["VARLEN"]),
